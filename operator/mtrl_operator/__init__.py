@@ -1,0 +1,3 @@
+from importlib.metadata import version
+
+__version__ = version("mtrl")

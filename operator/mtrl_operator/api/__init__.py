@@ -1,0 +1,5 @@
+"""The MultiTurnRLRun API: pydantic models that are the source of truth for the CRDs."""
+
+GROUP = "mtrl.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"

@@ -1,0 +1,210 @@
+"""Generate the CustomResourceDefinitions in `crds/` from the pydantic models.
+
+pydantic emits JSON Schema 2020-12; Kubernetes wants a *structural* OpenAPI v3 schema: no
+`$ref`, no `anyOf` for optionals, booleans for exclusive bounds, and `default: {}` on nested
+objects so the API server applies their own defaults. This module does that translation and
+adds the CRD's names, printer columns and subresources. `mtrl crds` writes the files and
+`tests/operator/api/test_crdgen.py` fails when they are stale.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from mtrl_operator.api import GROUP, VERSION
+from mtrl_operator.api.run import MultiTurnRLRun
+
+# Keywords a structural schema may carry through unchanged.
+_KEEP = {
+    "type", "description", "default", "enum", "format", "pattern", "minimum", "maximum",
+    "minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
+    "x-kubernetes-validations", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
+    "x-kubernetes-preserve-unknown-fields",
+}
+
+
+def _model_classes(root: type[BaseModel]) -> dict[str, type[BaseModel]]:
+    """Every model reachable from `root`, keyed as pydantic names them in `$defs`."""
+    found: dict[str, type[BaseModel]] = {}
+    stack = [root]
+    while stack:
+        cls = stack.pop()
+        if cls.__name__ in found:
+            continue
+        found[cls.__name__] = cls
+        for field in cls.model_fields.values():
+            for arg in _flatten_annotation(field.annotation):
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    stack.append(arg)
+    return found
+
+
+def _flatten_annotation(annotation: Any) -> list[Any]:
+    args = getattr(annotation, "__args__", None)
+    out = [annotation]
+    for arg in args or ():
+        out.extend(_flatten_annotation(arg))
+    meta_origin = getattr(annotation, "__origin__", None)
+    if meta_origin is not None:
+        out.extend(_flatten_annotation(meta_origin))
+    return out
+
+
+class _Translator:
+    def __init__(self, root: type[BaseModel]) -> None:
+        self.schema = root.model_json_schema(by_alias=True, mode="validation")
+        self.defs: dict[str, Any] = self.schema.pop("$defs", {})
+        self.classes = _model_classes(root)
+
+    def translate(self) -> dict[str, Any]:
+        return self._node(self.schema, owner=type(None).__name__)
+
+    def _node(self, node: dict[str, Any], owner: str) -> dict[str, Any]:
+        node = copy.deepcopy(node)
+        description = node.get("description")
+        # Optional[X] -> X: absence, not null, is how Kubernetes says "unset".
+        if "anyOf" in node:
+            options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+            if len(options) != 1:
+                raise ValueError(f"{owner}: unions other than Optional[X] are not structural")
+            node = {**options[0], **node}
+        if "$ref" in node:
+            name = node.pop("$ref").rsplit("/", 1)[-1]
+            node = {**self.defs[name], **node, "_model": name}
+        if "allOf" in node:  # older pydantic wraps a described $ref in allOf
+            (inner,) = node.pop("allOf")
+            return self._node({**inner, **node}, owner)
+        if "const" in node:
+            node["enum"] = [node.pop("const")]
+        if description is not None:
+            node["description"] = description
+        if "description" in node:  # docstrings wrap; kubectl explain re-flows text itself
+            node["description"] = " ".join(node["description"].split())
+        if "exclusiveMinimum" in node:
+            node["minimum"], node["exclusiveMinimum"] = node["exclusiveMinimum"], True
+        if "exclusiveMaximum" in node:
+            node["maximum"], node["exclusiveMaximum"] = node["exclusiveMaximum"], True
+
+        out = {k: v for k, v in node.items() if k in _KEEP or k.startswith("exclusive")}
+        model_name = node.get("_model")
+        if node.get("type") == "object" or "properties" in node:
+            out["type"] = "object"
+            if "properties" in node:
+                out["properties"] = {
+                    key: self._node(value, owner=f"{model_name or owner}.{key}")
+                    for key, value in node["properties"].items()
+                }
+                if node.get("required"):
+                    out["required"] = list(node["required"])
+                if model_name:
+                    self._nested_defaults(model_name, out["properties"])
+            elif isinstance(node.get("additionalProperties"), dict):
+                out["additionalProperties"] = self._node(node["additionalProperties"], owner)
+        if node.get("type") == "array":
+            out["items"] = self._node(node["items"], owner)
+        if "type" not in out and "enum" not in out:
+            raise ValueError(f"{owner}: no type in {node}")
+        if "enum" in out and "type" not in out:
+            out["type"] = "string"
+        return out
+
+    def _nested_defaults(self, model_name: str, properties: dict[str, Any]) -> None:
+        """`default: {}` on nested objects whose model builds itself from defaults, so the
+        API server fills in their fields too."""
+        cls = self.classes[model_name]
+        for name, field in cls.model_fields.items():
+            alias = field.alias or name
+            factory = field.default_factory
+            if alias in properties and isinstance(factory, type) and issubclass(factory, BaseModel):
+                properties[alias]["default"] = {}
+
+
+def _assert_described(schema: dict[str, Any], path: str) -> None:
+    for key, prop in schema.get("properties", {}).items():
+        if not prop.get("description"):
+            raise ValueError(f"{path}.{key} has no description (write a docstring under it)")
+        _assert_described(prop, f"{path}.{key}")
+        if "items" in prop:
+            _assert_described(prop["items"], f"{path}.{key}[]")
+
+
+def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = _Translator(model).translate()
+    _assert_described(schema, model.__name__)
+    return schema
+
+
+def run_crd() -> dict[str, Any]:
+    schema = openapi_schema(MultiTurnRLRun)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"multiturnrlruns.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": "MultiTurnRLRun",
+                "listKind": "MultiTurnRLRunList",
+                "plural": "multiturnrlruns",
+                "singular": "multiturnrlrun",
+                "shortNames": ["mtrlrun", "mtrlruns"],
+                "categories": ["mtrl", "ml"],
+            },
+            "versions": [{
+                "name": VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": [
+                    {"name": "Phase", "type": "string", "jsonPath": ".status.phase",
+                     "description": "Lifecycle phase of the run"},
+                    {"name": "Step", "type": "string", "jsonPath": ".status.progress.display",
+                     "description": "Optimizer steps done/total"},
+                    {"name": "Reward", "type": "number", "format": "float",
+                     "jsonPath": ".status.progress.rewardMean",
+                     "description": "Mean aggregate reward of the latest step"},
+                    {"name": "Workers", "type": "string", "jsonPath": ".status.workers.display",
+                     "description": "Reward workers ready/desired"},
+                    {"name": "Environment", "type": "string", "priority": 1,
+                     "jsonPath": ".spec.rollout.environment",
+                     "description": "Environment plug-in"},
+                    {"name": "Message", "type": "string", "priority": 1,
+                     "jsonPath": ".status.message", "description": "Current state"},
+                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                ],
+                "schema": {"openAPIV3Schema": schema},
+            }],
+        },
+    }
+
+
+def all_crds() -> dict[str, dict[str, Any]]:
+    """File name in `crds/` -> CRD object."""
+    return {"mtrl.dev_multiturnrlruns.yaml": run_crd()}
+
+
+def render(crd: dict[str, Any]) -> str:
+    header = "# Generated by `mtrl crds` from mtrl_operator.api; do not edit by hand.\n"
+    return header + yaml.safe_dump(crd, sort_keys=False, width=100)
+
+
+def write(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for filename, crd in all_crds().items():
+        path = directory / filename
+        path.write_text(render(crd))
+        written.append(path)
+    return written
+
+
+def stale(directory: Path) -> list[str]:
+    """Files in `directory` that differ from what the models generate."""
+    return [name for name, crd in all_crds().items()
+            if not (directory / name).exists() or (directory / name).read_text() != render(crd)]

@@ -1,0 +1,562 @@
+"""`MultiTurnRLRun` (mtrl.dev/v1alpha1): the single source of truth for spec and status.
+
+Each field's docstring is its CRD description, so `kubectl explain mtrlrun.spec.grpo` prints
+what is written here. Defaults follow TRL's `GRPOConfig` and DAPO where a choice had to be made.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from mtrl_operator.api.base import ApiModel, list_map, list_set, rule, rules
+
+# Bounds on strings and lists keep the API server's CEL cost estimates finite.
+Name = Annotated[str, Field(min_length=1, max_length=253)]
+ShortText = Annotated[str, Field(max_length=1024)]
+Image = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\s]+$")]
+S3Uri = Annotated[str, Field(max_length=1024, pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")]
+Quantity = Annotated[str, Field(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?([EPTGMK]i?|[mkMGTPE]|e[0-9]+)?$")]
+LabelMap = Annotated[dict[str, Annotated[str, Field(max_length=253)]], Field(max_length=64)]
+
+
+class LauncherKind(StrEnum):
+    JOB = "Job"
+    PYTORCH_JOB = "PyTorchJob"
+    HYPERPOD_PYTORCH_JOB = "HyperPodPyTorchJob"
+
+
+class WorkerBackend(StrEnum):
+    ECS_FARGATE = "ecs-fargate"
+    KUBERNETES = "kubernetes"
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    PROVISIONING = "Provisioning"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    TERMINATING = "Terminating"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def finished(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+# ----------------------------------------------------------------------------- model and LoRA
+
+
+class LoraSpec(ApiModel):
+    rank: int = Field(32, ge=1, le=1024)
+    """LoRA rank r: the inner dimension of the low-rank update. Default 32."""
+    alpha: int = Field(64, ge=1, le=4096)
+    """LoRA alpha; the update is scaled by alpha/rank. Default 64 (2x rank)."""
+    dropout: float = Field(0.05, ge=0.0, le=1.0)
+    """Dropout on the LoRA input during training, 0 to 1. Default 0.05."""
+    target_modules: Annotated[list[Annotated[str, Field(max_length=128)]], Field(
+        min_length=1, max_length=64, json_schema_extra=list_set())] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                 "gate_proj", "up_proj", "down_proj"])
+    """Module names that receive adapters. Default: all attention and MLP projections."""
+
+
+class ModelSpec(ApiModel):
+    name: Annotated[str, Field(min_length=1, max_length=512)]
+    """Base model: a Hugging Face model id, an s3:// prefix or a path in the trainer image."""
+    revision: Annotated[str, Field(max_length=128)] | None = None
+    """Model revision (branch, tag or commit) when `name` is a hub id."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Weights and compute dtype of the base model. Default bfloat16."""
+    max_sequence_length: int = Field(8192, ge=128, le=262144)
+    """Longest whole episode (prompt plus all turns) in tokens. Default 8192."""
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    """The LoRA adapter that training updates; the base weights stay frozen."""
+
+
+# ----------------------------------------------------------------------------- trainer
+
+
+class Toleration(ApiModel):
+    key: Annotated[str, Field(max_length=253)] | None = None
+    """Taint key the toleration applies to; empty with operator Exists matches all."""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """Exists or Equal. Default Equal."""
+    value: Annotated[str, Field(max_length=253)] | None = None
+    """Taint value to match when operator is Equal."""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; empty matches all effects."""
+    toleration_seconds: int | None = Field(None, ge=0)
+    """For NoExecute: how long the pod stays bound after the taint appears."""
+
+
+class EnvVar(ApiModel):
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
+    """Variable name."""
+    value: Annotated[str, Field(max_length=32768)] = ""
+    """Variable value."""
+
+
+class Resources(ApiModel):
+    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
+    """Extra resource requests per trainer pod (e.g. cpu, memory). GPUs and EFA come from
+    gpusPerNode and efaPerNode."""
+    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
+    """Extra resource limits per trainer pod."""
+
+
+class TrainerSpec(ApiModel):
+    image: Image = "ghcr.io/mtrl-dev/mtrl-trainer:0.1.0"
+    """Container image of the trainer. Default: the reference GRPO+LoRA trainer."""
+    command: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)] | None = None
+    """Overrides the image entrypoint. Default: `mtrl trainer` under torchrun."""
+    instance_type: Annotated[str, Field(max_length=64)] = "ml.p5.48xlarge"
+    """HyperPod instance type the trainer pods require (node affinity on
+    node.kubernetes.io/instance-type). Default ml.p5.48xlarge."""
+    nodes: int = Field(1, ge=1, le=256)
+    """Number of trainer nodes (pods); one torchrun agent per node. Default 1."""
+    gpus_per_node: int = Field(8, ge=0, le=16)
+    """nvidia.com/gpu requested per pod; also torchrun's processes per node. 0 runs on CPU.
+    Default 8 (p5.48xlarge)."""
+    efa_per_node: int = Field(32, ge=0, le=32)
+    """vpc.amazonaws.com/efa interfaces requested per pod. Default 32 (p5.48xlarge)."""
+    launcher: LauncherKind = LauncherKind.JOB
+    """Workload kind: Job (indexed Job plus headless Service for rendezvous), PyTorchJob
+    (Kubeflow, with HyperPod auto-resume) or HyperPodPyTorchJob. Default Job."""
+    restricted_instance_group: bool = False
+    """Place pods on a HyperPod restricted instance group (adds its label and toleration)."""
+    auto_resume_max_retries: int = Field(3, ge=0, le=100)
+    """HyperPod auto-resume retries for PyTorchJob and HyperPodPyTorchJob launchers."""
+    shm_size: Quantity = "64Gi"
+    """Size of the memory-backed /dev/shm volume for NCCL and data loaders. Default 64Gi."""
+    resources: Resources = Field(default_factory=Resources)
+    """Extra CPU, memory or other resources per trainer pod."""
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] = Field(default_factory=list)
+    """Extra tolerations for trainer pods."""
+    node_selector: LabelMap = Field(default_factory=dict)
+    """Extra node selector labels for trainer pods."""
+    env: Annotated[list[EnvVar], Field(max_length=128, json_schema_extra=list_map("name"))] = Field(
+        default_factory=list)
+    """Extra environment variables for the trainer container."""
+    service_account_name: Annotated[str, Field(max_length=253)] | None = None
+    """ServiceAccount of trainer pods (for IRSA/Pod Identity access to S3). Default: the
+    namespace's default."""
+
+
+# ----------------------------------------------------------------------------- GRPO
+
+
+class GrpoSpec(ApiModel):
+    model_config = ApiModel.model_config | {"json_schema_extra": rules(
+        rule("self.epsilonHigh >= self.epsilon", "epsilonHigh must be >= epsilon",
+             field_path=".epsilonHigh"),
+    )}
+
+    group_size: int = Field(8, ge=2, le=256)
+    """Completions (episodes) per prompt; advantages are relative within a group. Default 8."""
+    prompts_per_step: int = Field(16, ge=1, le=4096)
+    """Distinct prompts (tasks) per optimizer step; a step plays promptsPerStep x groupSize
+    episodes. Default 16."""
+    max_steps: int = Field(100, ge=1, le=1_000_000)
+    """Optimizer steps; the run succeeds when the trainer reaches it. Default 100."""
+    learning_rate: float = Field(1e-5, gt=0.0, le=1.0)
+    """AdamW learning rate on the LoRA parameters. Default 1e-5."""
+    kl_beta: float = Field(0.0, ge=0.0, le=10.0)
+    """Weight of the k3 KL penalty to the reference policy (the base model with the adapter
+    disabled). 0 turns it off and saves the reference forward pass. Default 0."""
+    epsilon: float = Field(0.2, gt=0.0, le=1.0)
+    """Lower clip range of the policy ratio: ratios below 1-epsilon are clipped. Default 0.2."""
+    epsilon_high: float = Field(0.28, gt=0.0, le=10.0)
+    """Upper clip range ("clip-higher", DAPO): ratios above 1+epsilonHigh are clipped. Must be
+    >= epsilon. Default 0.28."""
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    """Loss normalisation: grpo (per sequence), bnpo (per batch tokens), dr_grpo (constant
+    max-length), dapo (tokens across the whole step). Default dapo."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Divide advantages by the reward std of the group, of the batch, or not at all
+    (Dr. GRPO recommends none). Default group."""
+    temperature: float = Field(1.0, gt=0.0, le=2.0)
+    """Sampling temperature for rollouts. Default 1.0."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling threshold for rollouts. Default 1.0 (off)."""
+    max_new_tokens: int = Field(512, ge=1, le=131072)
+    """Most tokens the policy generates in one turn. Default 512."""
+    gradient_accumulation_steps: int = Field(1, ge=1, le=1024)
+    """Micro-batches accumulated into one optimizer step. Default 1."""
+    max_staleness: int = Field(1, ge=0, le=16)
+    """Accept results generated by a policy at most this many versions old; older ones are
+    dropped and counted. Default 1."""
+    seed: int = Field(42, ge=0, le=2**31 - 1)
+    """Seed for sampling, task order and initialisation. Default 42."""
+
+
+# ----------------------------------------------------------------------------- rollout
+
+
+class RolloutSpec(ApiModel):
+    environment: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")]
+    """Environment plug-in the reward workers play (entry point group mtrl.environments),
+    e.g. wordle or coding."""
+    environment_args: Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(
+        max_length=64)] = Field(default_factory=dict)
+    """Environment-specific arguments, passed to the plug-in as strings."""
+    max_turns: int = Field(8, ge=1, le=256)
+    """Most model turns in one episode. Default 8."""
+    episode_timeout_seconds: int = Field(600, ge=1, le=86400)
+    """Wall time an episode may take; a timed-out episode still returns a (failed) result.
+    Default 600."""
+    max_retries: int = Field(2, ge=0, le=10)
+    """Redeliveries of a rollout request after a worker crash before it is dead-lettered.
+    Default 2."""
+    concurrency_per_worker: int = Field(32, ge=1, le=1024)
+    """Episodes one worker plays at once. Default 32."""
+
+
+# ----------------------------------------------------------------------------- reward workers
+
+
+class EcsSpec(ApiModel):
+    cluster: Annotated[str, Field(max_length=255)] | None = None
+    """ECS cluster name or ARN. Default: the operator's configured cluster."""
+    subnets: Annotated[list[Annotated[str, Field(max_length=64)]], Field(
+        max_length=16, json_schema_extra=list_set())] = Field(default_factory=list)
+    """awsvpc subnets for the tasks. Default: the operator's configured subnets."""
+    security_groups: Annotated[list[Annotated[str, Field(max_length=64)]], Field(
+        max_length=5, json_schema_extra=list_set())] = Field(default_factory=list)
+    """awsvpc security groups. Default: the operator's configured groups."""
+    assign_public_ip: bool = False
+    """Give tasks a public IP (only for public subnets without a NAT gateway)."""
+    task_role_arn: Annotated[str, Field(max_length=2048, pattern=r"^arn:aws[a-z-]*:iam::")] | None = None
+    """IAM role the worker containers assume (SQS and S3 access)."""
+    execution_role_arn: Annotated[str, Field(max_length=2048, pattern=r"^arn:aws[a-z-]*:iam::")] | None = None
+    """IAM role ECS uses to pull the image and write logs."""
+    platform_version: Annotated[str, Field(max_length=16)] = "LATEST"
+    """Fargate platform version. Default LATEST."""
+
+
+class KubernetesWorkersSpec(ApiModel):
+    service_account_name: Annotated[str, Field(max_length=253)] | None = None
+    """ServiceAccount of worker pods (IRSA/Pod Identity for SQS). Default: the namespace's
+    default."""
+    node_selector: LabelMap = Field(default_factory=dict)
+    """Node selector for worker pods, e.g. to match an EKS Fargate profile."""
+
+
+class WorkersSpec(ApiModel):
+    model_config = ApiModel.model_config | {"json_schema_extra": rules(
+        rule("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas",
+             field_path=".minReplicas"),
+        rule("self.backend != 'ecs-fargate' || [256, 512, 1024, 2048, 4096, 8192, 16384]"
+             ".exists(c, c == self.cpu)",
+             "for ecs-fargate, cpu must be one of 256, 512, 1024, 2048, 4096, 8192, 16384",
+             field_path=".cpu"),
+    )}
+
+    backend: WorkerBackend = WorkerBackend.ECS_FARGATE
+    """Where reward workers run: ecs-fargate (ECS Fargate tasks) or kubernetes (a Deployment,
+    e.g. on an EKS Fargate profile). Default ecs-fargate."""
+    image: Image = "ghcr.io/mtrl-dev/mtrl-worker:0.1.0"
+    """Container image of the reward worker. Default: the reference worker runtime."""
+    cpu: int = Field(1024, ge=128, le=16384)
+    """CPU per worker in ECS units (1024 = 1 vCPU); also the Kubernetes request in millicores
+    x1000/1024. Default 1024."""
+    memory: int = Field(2048, ge=512, le=122880)
+    """Memory per worker in MiB. Default 2048."""
+    min_replicas: int = Field(1, ge=0, le=1000)
+    """Workers that must be ready before the trainer starts. Default 1."""
+    max_replicas: int = Field(4, ge=1, le=1000)
+    """Workers started for the run. Default 4."""
+    ecs: EcsSpec = Field(default_factory=EcsSpec)
+    """ECS settings, for backend ecs-fargate."""
+    kubernetes: KubernetesWorkersSpec = Field(default_factory=KubernetesWorkersSpec)
+    """Pod settings, for backend kubernetes."""
+    env: Annotated[list[EnvVar], Field(max_length=128, json_schema_extra=list_map("name"))] = Field(
+        default_factory=list)
+    """Extra environment variables for worker containers."""
+
+
+# ----------------------------------------------------------------------------- reward
+
+
+class RewardComponent(ApiModel):
+    name: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9_]+$")]
+    """Component name as the environment reports it in metrics_list."""
+    weight: float = Field(1.0, ge=-1000.0, le=1000.0)
+    """Weight of the component in the aggregate reward. Default 1."""
+
+
+class CollapseSpec(ApiModel):
+    window_steps: int = Field(5, ge=1, le=1000)
+    """Consecutive steps the zero-variance fraction must stay above the threshold before the
+    RewardCollapse condition is raised. Default 5."""
+    zero_variance_threshold: float = Field(0.9, ge=0.0, le=1.0)
+    """Fraction of groups whose rewards are all equal (no GRPO signal) that counts as
+    collapse. Default 0.9."""
+
+
+class RewardSpec(ApiModel):
+    components: Annotated[list[RewardComponent], Field(
+        max_length=32, json_schema_extra=list_map("name"))] = Field(default_factory=list)
+    """Weights of named reward components. Empty: the environment's own defaults."""
+    collapse: CollapseSpec = Field(default_factory=CollapseSpec)
+    """Reward-collapse detection."""
+
+
+# ----------------------------------------------------------------------------- data and output
+
+
+class S3Dataset(ApiModel):
+    train_uri: S3Uri
+    """s3:// URI of the training tasks (JSON Lines, one task per line)."""
+    validation_uri: S3Uri | None = None
+    """s3:// URI of held-out tasks for periodic evaluation."""
+
+
+class InlineDataset(ApiModel):
+    train: Annotated[list[Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(
+        max_length=32)]], Field(min_length=1, max_length=512)]
+    """Training tasks, each a map of string fields. For small runs and tests."""
+    validation: Annotated[list[Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(
+        max_length=32)]], Field(max_length=512)] = Field(default_factory=list)
+    """Held-out tasks for periodic evaluation."""
+
+
+class GeneratedDataset(ApiModel):
+    train_size: int = Field(1000, ge=1, le=10_000_000)
+    """Tasks the environment generates for training (e.g. Wordle secrets). Default 1000."""
+    validation_size: int = Field(100, ge=0, le=1_000_000)
+    """Held-out tasks the environment generates, disjoint from training. Default 100."""
+
+
+class DatasetSpec(ApiModel):
+    model_config = ApiModel.model_config | {"json_schema_extra": rules(
+        rule("[has(self.s3), has(self.inline), has(self.generated)].filter(x, x).size() == 1",
+             "exactly one dataset source must be set: s3, inline or generated"),
+    )}
+
+    s3: S3Dataset | None = None
+    """Tasks stored in S3."""
+    inline: InlineDataset | None = None
+    """Tasks written into the run itself."""
+    generated: GeneratedDataset | None = None
+    """Tasks generated by the environment plug-in."""
+    eval_interval_steps: int = Field(10, ge=0, le=1_000_000)
+    """Evaluate the validation split every N steps; 0 turns evaluation off. Default 10."""
+
+
+class OutputSpec(ApiModel):
+    s3_uri: S3Uri
+    """s3:// prefix for adapters, checkpoints and metrics. Kept after the run ends."""
+    checkpoint_interval_steps: int = Field(10, ge=1, le=1_000_000)
+    """Write a checkpoint (adapter, optimizer, step, RNG) every N steps. Default 10."""
+    keep_checkpoints: int = Field(3, ge=1, le=1000)
+    """Most recent checkpoints kept; older ones are deleted. Default 3."""
+
+
+class QueuesSpec(ApiModel):
+    visibility_timeout_seconds: int = Field(300, ge=0, le=43200)
+    """SQS visibility timeout; workers extend it while an episode runs. Default 300."""
+    message_retention_seconds: int = Field(345600, ge=60, le=1209600)
+    """SQS message retention. Default 345600 (4 days)."""
+    max_receive_count: int = Field(5, ge=1, le=1000)
+    """Receives before a message moves to the dead-letter queue. Default 5."""
+    kms_key_id: Annotated[str, Field(max_length=2048)] | None = None
+    """KMS key for SSE-KMS. Default: SSE-SQS (SQS-managed keys)."""
+
+
+# ----------------------------------------------------------------------------- lifecycle
+
+
+class LifecycleSpec(ApiModel):
+    suspend: bool = False
+    """Tear down compute (trainer and workers) and keep queues and progress; false resumes
+    from the latest checkpoint."""
+    active_deadline_seconds: int | None = Field(None, ge=1, le=31_536_000)
+    """Fail the run (DeadlineExceeded) once it has been active this long."""
+    backoff_limit: int = Field(3, ge=0, le=100)
+    """Trainer failures retried (each a new attempt resuming from the latest checkpoint)
+    before the run fails. Default 3."""
+    ttl_seconds_after_finished: int | None = Field(None, ge=0, le=31_536_000)
+    """Delete the run object this long after it finishes. Unset keeps it."""
+
+
+class SchedulingSpec(ApiModel):
+    queue_name: Annotated[str, Field(max_length=63)] | None = None
+    """Kueue LocalQueue for the trainer (label kueue.x-k8s.io/queue-name), e.g.
+    hyperpod-ns-<team>-localqueue for HyperPod task governance."""
+    priority_class: Annotated[str, Field(max_length=253)] | None = None
+    """Kueue workload priority class (label kueue.x-k8s.io/priority-class)."""
+
+
+# ----------------------------------------------------------------------------- spec
+
+_IMMUTABLE_AFTER_START = ("model", "grpo", "rollout", "reward", "dataset", "output", "trainer",
+                          "queues")
+
+
+class MultiTurnRLRunSpec(ApiModel):
+    model: ModelSpec
+    """Base model and LoRA adapter."""
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    """GPU trainer workload and its HyperPod placement."""
+    grpo: GrpoSpec = Field(default_factory=GrpoSpec)
+    """GRPO algorithm settings."""
+    rollout: RolloutSpec
+    """How episodes are played."""
+    workers: WorkersSpec = Field(default_factory=WorkersSpec)
+    """Reward-environment workers."""
+    reward: RewardSpec = Field(default_factory=RewardSpec)
+    """Reward components and collapse detection."""
+    dataset: DatasetSpec
+    """Where training and validation tasks come from."""
+    output: OutputSpec
+    """Where adapters and checkpoints go."""
+    queues: QueuesSpec = Field(default_factory=QueuesSpec)
+    """SQS queues between trainer and workers."""
+    lifecycle: LifecycleSpec = Field(default_factory=LifecycleSpec)
+    """Suspension, deadlines, retries and clean-up of the run object."""
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    """Kueue task governance for the trainer."""
+
+
+# ----------------------------------------------------------------------------- status
+
+
+class Condition(ApiModel):
+    type: Annotated[str, Field(max_length=316)]
+    """Condition type, e.g. QueuesReady, WorkersReady, TrainerReady, Progressing,
+    RewardCollapse, Complete, Failed."""
+    status: Literal["True", "False", "Unknown"]
+    """True, False or Unknown."""
+    observed_generation: int | None = Field(None, ge=0)
+    """The .metadata.generation the condition was set for."""
+    last_transition_time: datetime
+    """When the status last changed."""
+    reason: Annotated[str, Field(max_length=1024)]
+    """CamelCase machine-readable reason."""
+    message: Annotated[str, Field(max_length=32768)] = ""
+    """Human-readable details."""
+
+
+class QueueRef(ApiModel):
+    role: Annotated[str, Field(max_length=63)]
+    """What the queue carries: rollout, result, generate, dlq."""
+    url: Annotated[str, Field(max_length=2048)]
+    """Queue URL."""
+    arn: Annotated[str, Field(max_length=2048)] | None = None
+    """Queue ARN."""
+
+
+class ResourceRefs(ApiModel):
+    queues: Annotated[list[QueueRef], Field(max_length=16, json_schema_extra=list_map("role"))] = Field(
+        default_factory=list)
+    """SQS queues created for the run."""
+    task_definition_arn: Annotated[str, Field(max_length=2048)] | None = None
+    """ECS task definition registered for the workers."""
+    task_arns: Annotated[list[Annotated[str, Field(max_length=2048)]], Field(max_length=1000)] = Field(
+        default_factory=list)
+    """ECS tasks running the workers."""
+    worker_deployment: Annotated[str, Field(max_length=253)] | None = None
+    """Deployment running the workers (backend kubernetes)."""
+    trainer_kind: Annotated[str, Field(max_length=63)] | None = None
+    """Kind of the trainer workload."""
+    trainer_name: Annotated[str, Field(max_length=253)] | None = None
+    """Name of the trainer workload."""
+    config_map: Annotated[str, Field(max_length=253)] | None = None
+    """ConfigMap holding the run configuration mounted into trainer pods."""
+
+
+class ComponentStats(ApiModel):
+    name: Annotated[str, Field(max_length=63)]
+    """Reward component."""
+    mean: float
+    """Mean over the step's episodes."""
+    std: float
+    """Standard deviation over the step's episodes."""
+    zero_variance_fraction: float = Field(ge=0.0, le=1.0)
+    """Fraction of groups in which this component was equal for every episode."""
+
+
+class Progress(ApiModel):
+    step: int = Field(0, ge=0)
+    """Optimizer steps completed."""
+    total_steps: int = Field(0, ge=0)
+    """grpo.maxSteps."""
+    display: Annotated[str, Field(max_length=64)] = ""
+    """step/totalSteps, for kubectl get."""
+    reward_mean: float | None = None
+    """Mean aggregate reward of the latest step."""
+    reward_std: float | None = None
+    """Std of the aggregate reward of the latest step."""
+    success_rate: float | None = Field(None, ge=0.0, le=1.0)
+    """Fraction of the latest step's episodes that succeeded."""
+    zero_variance_fraction: float | None = Field(None, ge=0.0, le=1.0)
+    """Fraction of the latest step's groups with all-equal rewards (no learning signal)."""
+    validation_success_rate: float | None = Field(None, ge=0.0, le=1.0)
+    """Success rate on the validation split at the latest evaluation."""
+    tokens_per_second: float | None = Field(None, ge=0.0)
+    """Trainer generation throughput in the latest step."""
+    components: Annotated[list[ComponentStats], Field(
+        max_length=32, json_schema_extra=list_map("name"))] = Field(default_factory=list)
+    """Per reward component statistics of the latest step."""
+    updated_at: datetime | None = None
+    """When the trainer last reported."""
+
+
+class WorkersStatus(ApiModel):
+    desired: int = Field(0, ge=0)
+    """Workers requested."""
+    ready: int = Field(0, ge=0)
+    """Workers running and healthy."""
+    display: Annotated[str, Field(max_length=64)] = ""
+    """ready/desired, for kubectl get."""
+
+
+class MultiTurnRLRunStatus(ApiModel):
+    phase: Phase = Phase.PENDING
+    """Pending, Provisioning, Running, Suspended, Terminating, Succeeded or Failed."""
+    message: Annotated[str, Field(max_length=32768)] = ""
+    """Human-readable summary of the current state."""
+    observed_generation: int | None = Field(None, ge=0)
+    """The .metadata.generation the operator last acted on."""
+    conditions: Annotated[list[Condition], Field(
+        max_length=32, json_schema_extra=list_map("type"))] = Field(default_factory=list)
+    """Latest observations of the run's state."""
+    start_time: datetime | None = None
+    """When provisioning began; from then on the training spec is immutable."""
+    completion_time: datetime | None = None
+    """When the run reached Succeeded or Failed."""
+    attempts: int = Field(0, ge=0)
+    """Trainer attempts started, including the current one."""
+    resources: ResourceRefs = Field(default_factory=ResourceRefs)
+    """Everything the operator created for the run."""
+    progress: Progress = Field(default_factory=Progress)
+    """Training progress reported by the trainer."""
+    workers: WorkersStatus = Field(default_factory=WorkersStatus)
+    """Reward worker readiness."""
+
+
+def _immutability_rules() -> dict[str, object]:
+    started = "has(oldSelf.status) && has(oldSelf.status.startTime)"
+    return rules(*(
+        rule(f"!({started}) || self.spec.{name} == oldSelf.spec.{name}",
+             f"spec.{name} is immutable once the run has started; create a new run instead",
+             field_path=f".spec.{name}", reason="FieldValueForbidden", transition=True)
+        for name in _IMMUTABLE_AFTER_START
+    ))
+
+
+class MultiTurnRLRun(ApiModel):
+    """A multi-turn GRPO training run: SQS queues, reward workers and a LoRA trainer that
+    exist only while the run needs them."""
+
+    model_config = ApiModel.model_config | {"json_schema_extra": _immutability_rules()}
+
+    spec: MultiTurnRLRunSpec
+    """What to train, on what, and how."""
+    status: MultiTurnRLRunStatus = Field(default_factory=MultiTurnRLRunStatus)
+    """Observed state, written by the operator."""

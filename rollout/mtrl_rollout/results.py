@@ -1,0 +1,84 @@
+"""The trainer's side of the result queue: exactly one result per sample id.
+
+SQS delivers at least once, and a worker killed after posting a result but before deleting its
+request makes another worker replay the episode. The collector keeps the first result per
+(run, sample) and deletes later copies, counting them. Sample ids are unique per run, so the
+remembered set grows by one short string per episode: about 100 bytes, or 100 MB per million.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+
+from mtrl_rollout.batching import Outbox
+from mtrl_rollout.deadletter import dead_letter
+from mtrl_rollout.offload import Codec
+from mtrl_rollout.protocol import ProtocolError, RolloutResult
+from mtrl_rollout.sqs import Received, Sqs
+
+log = logging.getLogger(__name__)
+
+
+class ResultCollector:
+    def __init__(
+        self,
+        sqs: Sqs,
+        queue_url: str,
+        dlq_url: str,
+        *,
+        codec: Codec | None = None,
+        receivers: int = 2,
+    ) -> None:
+        self._sqs = sqs
+        self._queue_url = queue_url
+        self._dlq_url = dlq_url
+        self._codec = codec or Codec()
+        self._outbox = Outbox(sqs)
+        self._receivers = receivers
+        self._seen: set[tuple[str, str]] = set()
+        self.duplicates = 0
+        self.malformed = 0
+
+    async def collect(
+        self, sample_ids: Iterable[str], timeout_s: float, wait_s: int = 1
+    ) -> dict[str, RolloutResult]:
+        """Results for `sample_ids`; returns early when all arrived, else at the timeout with the
+        ones that did. Results for other samples (late ones from a past step) are dropped."""
+        wanted = set(sample_ids)
+        got: dict[str, RolloutResult] = {}
+        deadline = time.monotonic() + timeout_s
+
+        async def receive() -> None:
+            while len(got) < len(wanted) and time.monotonic() < deadline:
+                for message in await self._sqs.receive(self._queue_url, wait_s=wait_s):
+                    result = await self._accept(message)
+                    if result is not None and result.sample_id in wanted:
+                        got.setdefault(result.sample_id, result)
+
+        await asyncio.gather(*(receive() for _ in range(self._receivers)))
+        return got
+
+    async def _accept(self, message: Received) -> RolloutResult | None:
+        try:
+            result, pointer = await self._codec.from_body(message.body)
+            if not isinstance(result, RolloutResult):
+                raise ProtocolError(f"expected RolloutResult, got {type(result).__name__}")
+        except ProtocolError as exc:
+            self.malformed += 1
+            await dead_letter(self._sqs, self._dlq_url, message, f"malformed result: {exc}")
+            return None
+        key = (result.run_id, result.sample_id)
+        fresh = key not in self._seen
+        self._seen.add(key)
+        if not fresh:
+            self.duplicates += 1
+            log.info("dropping duplicate result for sample %s", result.sample_id)
+        await self._outbox.delete(self._queue_url, message.receipt_handle)
+        await self._codec.discard(pointer)
+        return result if fresh else None
+
+    async def aclose(self) -> None:
+        await self._outbox.aclose()

@@ -1,0 +1,104 @@
+"""Certificates for the local control plane, made with `cryptography`.
+
+One CA signs the API server's serving certificate and the client certificates; a separate
+RSA key pair signs and verifies service-account tokens.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+_VALIDITY = dt.timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class Pki:
+    """Paths of the PEM files under one directory."""
+
+    root: Path
+
+    def path(self, name: str) -> Path:
+        return self.root / name
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.path("ca.crt")
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
+    path.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    path.chmod(0o600)
+
+
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    return x509.Name(attrs)
+
+
+def _issue(subject: x509.Name, key: ec.EllipticCurvePrivateKey, issuer: x509.Name,
+           issuer_key: ec.EllipticCurvePrivateKey, *, ca: bool,
+           usages: list[x509.ObjectIdentifier], sans: list[x509.GeneralName]) -> x509.Certificate:
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject).issuer_name(issuer).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + _VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, key_encipherment=not ca, content_commitment=False,
+            data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
+            encipher_only=False, decipher_only=False), critical=True)
+    )
+    if usages:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def generate(root: Path, *, clients: dict[str, tuple[str, str | None]]) -> Pki:
+    """Write a CA, the API server's serving pair, the service-account key pair and one client
+    pair per entry of `clients` (file stem -> (user name, group))."""
+    root.mkdir(parents=True, exist_ok=True)
+    pki = Pki(root)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name("mtrl-local-ca")
+    ca = _issue(ca_name, ca_key, ca_name, ca_key, ca=True, usages=[], sans=[])
+    _write_key(pki.path("ca.key"), ca_key)
+    pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [
+        x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default",
+                                  "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
+    ] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "10.0.0.1")]
+    server = _issue(_name("kube-apiserver"), server_key, ca_name, ca_key, ca=False,
+                    usages=[ExtendedKeyUsageOID.SERVER_AUTH], sans=sans)
+    _write_key(pki.path("apiserver.key"), server_key)
+    pki.path("apiserver.crt").write_bytes(server.public_bytes(serialization.Encoding.PEM))
+
+    for stem, (user, group) in clients.items():
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _issue(_name(user, group), key, ca_name, ca_key, ca=False,
+                      usages=[ExtendedKeyUsageOID.CLIENT_AUTH], sans=[])
+        _write_key(pki.path(f"{stem}.key"), key)
+        pki.path(f"{stem}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    _write_key(pki.path("sa.key"), sa_key)
+    pki.path("sa.pub").write_bytes(sa_key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return pki

@@ -1,0 +1,294 @@
+"""A real Kubernetes control plane from locally built binaries, without Docker.
+
+etcd + kube-apiserver + kube-controller-manager + kube-scheduler run as child processes on
+loopback ports, with generated certificates and a kubeconfig that plain `kubectl` and `helm`
+use. Pods run through `mtrl_testbed.node_agent`, which registers HyperPod-like nodes and runs
+each pod's command as a local process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from mtrl_testbed import certs
+from mtrl_testbed.ports import ServerExited, free_port, wait_until
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "hack" / "build-tools.sh"
+SERVICE_CIDR = "10.0.0.0/24"
+
+# Client identities: file stem -> (user, group).
+_CLIENTS = {
+    "admin": ("mtrl-admin", "system:masters"),
+    "controller-manager": ("system:kube-controller-manager", None),
+    "scheduler": ("system:kube-scheduler", None),
+    "node-agent": ("mtrl-node-agent", "system:masters"),
+}
+# Controllers that need clouds, kubelets or node health we do not simulate.
+_DISABLED_CONTROLLERS = ("node-ipam-controller", "node-lifecycle-controller",
+                         "cloud-node-lifecycle-controller", "service-lb-controller",
+                         "node-route-controller", "persistentvolume-attach-detach-controller",
+                         "bootstrap-signer-controller", "token-cleaner-controller",
+                         "ttl-controller")
+
+
+def tools_bin() -> Path:
+    """Directory holding the control-plane binaries, building them on first use."""
+    if env := os.environ.get("MTRL_TOOLS_BIN"):
+        return Path(env)
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class LocalCluster:
+    """The control plane's processes and files under `root`."""
+
+    root: Path
+    bin_dir: Path = field(default_factory=tools_bin)
+    nodes: int = 2
+    etcd_port: int = field(default_factory=free_port)
+    etcd_peer_port: int = field(default_factory=free_port)
+    api_port: int = field(default_factory=free_port)
+    _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ paths and clients
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    def env(self) -> dict[str, str]:
+        """Environment for kubectl, helm and the operator: KUBECONFIG and PATH with the tools."""
+        return {"KUBECONFIG": str(self.kubeconfig),
+                "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig or self.kubeconfig),
+               *args]
+        result = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=120)
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(result.returncode, cmd, result.stdout,
+                                                result.stderr)
+        return result
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bin_dir / "helm"), "--kubeconfig", str(self.kubeconfig), *args]
+        env = {**os.environ, "HELM_CACHE_HOME": str(self.root / "helm" / "cache"),
+               "HELM_CONFIG_HOME": str(self.root / "helm" / "config"),
+               "HELM_DATA_HOME": str(self.root / "helm" / "data")}
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        if check and result.returncode != 0:
+            raise subprocess.CalledProcessError(result.returncode, cmd, result.stdout,
+                                                result.stderr)
+        return result
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, timeout: float = 120) -> LocalCluster:
+        for stale in ("etcd", "pods", "logs"):  # a fresh cluster every start
+            shutil.rmtree(self.root / stale, ignore_errors=True)
+        (self.root / "logs").mkdir(parents=True)
+        pki = certs.generate(self.root / "pki", clients=_CLIENTS)
+        for stem in _CLIENTS:
+            self._write_kubeconfig(self.root / f"{stem}.kubeconfig", pki, stem)
+        shutil.copy(self.root / "admin.kubeconfig", self.kubeconfig)
+        try:
+            self._start_etcd(timeout)
+            self._start_apiserver(pki, timeout)
+            self._spawn("kube-controller-manager", [
+                "--kubeconfig", str(self.root / "controller-manager.kubeconfig"),
+                "--authentication-skip-lookup=true",
+                "--leader-elect=false",
+                "--secure-port=0",
+                "--service-account-private-key-file", str(pki.path("sa.key")),
+                "--root-ca-file", str(pki.ca_cert),
+                "--cluster-signing-cert-file", str(pki.ca_cert),
+                "--cluster-signing-key-file", str(pki.path("ca.key")),
+                "--use-service-account-credentials=true",
+                "--controllers", ",".join(["*", *(f"-{c}" for c in _DISABLED_CONTROLLERS)]),
+                "--concurrent-gc-syncs=5",
+            ])
+            self._spawn("kube-scheduler", [
+                "--kubeconfig", str(self.root / "scheduler.kubeconfig"),
+                "--authentication-skip-lookup=true",
+                "--leader-elect=false",
+                "--secure-port=0",
+            ])
+            self._spawn("node-agent", [
+                "--kubeconfig", str(self.root / "node-agent.kubeconfig"),
+                "--nodes", str(self.nodes), "--work-dir", str(self.root / "pods"),
+            ], python_module="mtrl_testbed.node_agent")
+            wait_until(self._default_service_account_exists, timeout,
+                       "kube-controller-manager (default ServiceAccount)", interval=0.5)
+            wait_until(self._nodes_ready, timeout, "node agent (Ready nodes)", interval=0.5)
+        except Exception:
+            self.stop()
+            raise
+        self._write_state()
+        return self
+
+    def stop(self) -> None:
+        for name in reversed(list(self._procs)):
+            proc = self._procs.pop(name)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        state = self.root / "state.json"
+        if state.exists():
+            state.unlink()
+
+    def processes_alive(self) -> dict[str, bool]:
+        return {name: proc.poll() is None for name, proc in self._procs.items()}
+
+    # ------------------------------------------------------------------ internals
+
+    def _spawn(self, name: str, args: list[str], python_module: str | None = None) -> None:
+        log = open(self.root / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (owned by the child)
+        cmd = ([sys.executable, "-m", python_module, *args] if python_module
+               else [str(self.bin_dir / name), *args])
+        self._procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
+
+    def _start_etcd(self, timeout: float) -> None:
+        self._spawn("etcd", [
+            "--name", "mtrl-local",
+            "--data-dir", str(self.root / "etcd"),
+            "--listen-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{self.etcd_peer_port}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self.etcd_peer_port}",
+            "--initial-cluster", f"mtrl-local=http://127.0.0.1:{self.etcd_peer_port}",
+            "--unsafe-no-fsync",  # a throwaway test store; fsync only costs time here
+            "--quota-backend-bytes", str(2 * 1024**3),
+            "--log-level", "warn",
+        ])
+
+        def healthy() -> bool:
+            self._check_alive("etcd")
+            url = f"http://127.0.0.1:{self.etcd_port}/health"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return json.load(resp).get("health") == "true"
+
+        wait_until(healthy, timeout, "etcd")
+
+    def _start_apiserver(self, pki: certs.Pki, timeout: float) -> None:
+        self._spawn("kube-apiserver", [
+            "--etcd-servers", f"http://127.0.0.1:{self.etcd_port}",
+            "--bind-address", "127.0.0.1",
+            "--advertise-address", "127.0.0.1",
+            "--secure-port", str(self.api_port),
+            "--tls-cert-file", str(pki.path("apiserver.crt")),
+            "--tls-private-key-file", str(pki.path("apiserver.key")),
+            "--client-ca-file", str(pki.ca_cert),
+            "--service-account-key-file", str(pki.path("sa.pub")),
+            "--service-account-signing-key-file", str(pki.path("sa.key")),
+            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+            "--api-audiences", "https://kubernetes.default.svc.cluster.local",
+            "--service-cluster-ip-range", SERVICE_CIDR,
+            "--authorization-mode", "RBAC",
+            "--allow-privileged=true",
+            "--endpoint-reconciler-type", "none",
+            "--profiling=false",
+            "--watch-cache=true",
+            "--max-requests-inflight", "2000",
+            "--max-mutating-requests-inflight", "1000",
+        ])
+        ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+        ctx.load_cert_chain(str(pki.path("admin.crt")), str(pki.path("admin.key")))
+
+        def ready() -> bool:
+            self._check_alive("kube-apiserver")
+            with urllib.request.urlopen(f"{self.server}/readyz", context=ctx, timeout=2) as r:
+                return r.status == 200
+
+        wait_until(ready, timeout, "kube-apiserver", interval=0.25)
+
+    def _check_alive(self, name: str) -> None:
+        proc = self._procs[name]
+        if proc.poll() is not None:
+            log = (self.root / "logs" / f"{name}.log").read_text(errors="replace")[-3000:]
+            raise ServerExited(f"{name} exited with {proc.returncode}:\n{log}")
+
+    def _default_service_account_exists(self) -> bool:
+        self._check_alive("kube-controller-manager")
+        return self.kubectl("get", "serviceaccount", "default", "-n", "default",
+                            check=False).returncode == 0
+
+    def _nodes_ready(self) -> bool:
+        self._check_alive("node-agent")
+        out = self.kubectl("get", "nodes", "-o", "json", check=False)
+        if out.returncode != 0:
+            return False
+        items = json.loads(out.stdout)["items"]
+        return len(items) >= self.nodes
+
+    def _write_kubeconfig(self, path: Path, pki: certs.Pki, stem: str) -> None:
+        user = _CLIENTS[stem][0]
+        config = {
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "mtrl-local", "cluster": {
+                "server": self.server, "certificate-authority": str(pki.ca_cert)}}],
+            "users": [{"name": user, "user": {
+                "client-certificate": str(pki.path(f"{stem}.crt")),
+                "client-key": str(pki.path(f"{stem}.key"))}}],
+            "contexts": [{"name": "mtrl-local", "context": {"cluster": "mtrl-local",
+                                                            "user": user}}],
+            "current-context": "mtrl-local",
+        }
+        path.write_text(yaml.safe_dump(config))
+
+    def _write_state(self) -> None:
+        state = {"pids": {n: p.pid for n, p in self._procs.items()},
+                 "kubeconfig": str(self.kubeconfig), "server": self.server,
+                 "bin_dir": str(self.bin_dir), "started": time.time()}
+        (self.root / "state.json").write_text(json.dumps(state, indent=2))
+
+
+def stop_detached(root: Path) -> bool:
+    """Stop a cluster started by `python -m mtrl_testbed up` (which outlives its launcher)."""
+    state_file = root / "state.json"
+    if not state_file.exists():
+        return False
+    pids = json.loads(state_file.read_text())["pids"]
+    for pid in reversed(list(pids.values())):
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + 15
+    for pid in pids.values():
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    state_file.unlink()
+    return True

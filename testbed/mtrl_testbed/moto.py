@@ -1,0 +1,75 @@
+"""moto in server mode on loopback: the AWS endpoint for tests and the demo.
+
+boto3 reaches it through ``AWS_ENDPOINT_URL`` with dummy credentials, so the code under test
+makes the same HTTP calls it would make to AWS.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mtrl_testbed.ports import ServerExited, free_port, wait_until
+
+REGION = "us-west-2"
+
+
+@dataclass
+class MotoServer:
+    """A `moto_server` child process bound to 127.0.0.1."""
+
+    port: int = field(default_factory=free_port)
+    log_path: Path | None = None
+    _proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that point boto3 (and child processes) at this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_SESSION_TOKEN": "testing",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+        }
+
+    def start(self, timeout: float = 60) -> MotoServer:
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"},
+        )
+        wait_until(self._ready, timeout, f"moto server on {self.endpoint}")
+        return self
+
+    def _ready(self) -> bool:
+        if self._proc is not None and self._proc.poll() is not None:
+            raise ServerExited(f"moto server exited with {self._proc.returncode}")
+        with urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=2) as resp:
+            return resp.status == 200
+
+    def reset(self) -> None:
+        """Forget every resource (moto's own reset API)."""
+        req = urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")
+        urllib.request.urlopen(req, timeout=10).close()
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None

@@ -1,0 +1,450 @@
+"""A test-only node agent: registers HyperPod-like nodes and runs pods as local processes.
+
+It stands in for the kubelet on the local control plane so that the end-to-end tests and the
+demo run the real trainer and workers. What it does, and where it differs from a kubelet:
+
+- Registers `--nodes` Ready nodes labelled like ml.p5.48xlarge HyperPod nodes (8 GPUs, 32 EFA
+  interfaces), so the scheduler's placement (affinity, resources, tolerations) is real.
+- Runs each container's `command + args` as a process; the image is ignored. `python`,
+  `python3` and `mtrl` resolve to this Python's environment.
+- Gives each pod its own loopback address (127.x.y.z) as its pod IP, so pods can bind the
+  same port and readiness probes (httpGet, tcpSocket) are real.
+- Materialises ConfigMap, Secret, emptyDir and projected volumes under the pod's directory and
+  rewrites mount paths found in env values and arguments to that directory.
+- Replaces in-cluster credentials with a kubeconfig holding a token for the pod's
+  ServiceAccount (TokenRequest), so pods act with their own RBAC.
+- Passes the variables in `<work-dir>/../pod-env.json` (e.g. the moto endpoint) to every pod.
+- On deletion: SIGTERM, the grace period, SIGKILL, then removes the pod object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import datetime as dt
+import itertools
+import json
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import yaml
+from lightkube import AsyncClient, KubeConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.models.authentication_v1 import TokenRequestSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod, Secret, ServiceAccount
+from lightkube.types import PatchType
+
+log = logging.getLogger("mtrl.node-agent")
+
+NODE_CAPACITY = {"cpu": "192", "memory": "2048Gi", "pods": "500", "ephemeral-storage": "1Ti",
+                 "nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32", "hugepages-2Mi": "0"}
+NODE_LABELS = {"node.kubernetes.io/instance-type": "ml.p5.48xlarge",
+               "sagemaker.amazonaws.com/node-health-status": "Schedulable",
+               "sagemaker.amazonaws.com/compute-type": "hyperpod",
+               "topology.kubernetes.io/zone": "us-west-2a",
+               "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+_IP_POOL = (f"127.{a}.{b}.{c}" for a, b, c in itertools.product(range(10, 250), range(256),
+                                                                    range(2, 255)))
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _resolve_argv(argv: list[str]) -> list[str]:
+    exe_dir = Path(sys.executable).parent
+    head = argv[0]
+    if head in ("python", "python3"):
+        return [sys.executable, *argv[1:]]
+    if "/" not in head and (exe_dir / head).exists():
+        return [str(exe_dir / head), *argv[1:]]
+    return argv
+
+
+@dataclass
+class PodProcess:
+    """The processes of one pod and what the agent knows about them."""
+
+    uid: str
+    namespace: str
+    name: str
+    ip: str
+    root: Path
+    procs: dict[str, asyncio.subprocess.Process] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    started: dict[str, str] = field(default_factory=dict)
+    ready: dict[str, bool] = field(default_factory=dict)
+    terminating: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+class NodeAgent:
+    def __init__(self, kubeconfig: Path, nodes: int, work_dir: Path) -> None:
+        self.kubeconfig_path = kubeconfig
+        self.config = KubeConfig.from_file(str(kubeconfig))
+        self.client = AsyncClient(self.config, field_manager="mtrl-node-agent")
+        self.node_names = [f"hyperpod-p5-{i}" for i in range(nodes)]
+        self.work_dir = work_dir
+        self.pods: dict[str, PodProcess] = {}
+
+    # ------------------------------------------------------------------ nodes
+
+    async def register_nodes(self) -> None:
+        for name in self.node_names:
+            node = Node.from_dict({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {**NODE_LABELS, "kubernetes.io/hostname": name}},
+            })
+            with contextlib.suppress(ApiError):
+                await self.client.create(node)
+            status = {"status": {
+                "capacity": NODE_CAPACITY, "allocatable": NODE_CAPACITY,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                "message": "mtrl node agent is running pods as processes",
+                                "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}],
+                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                              {"type": "Hostname", "address": name}],
+                "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
+                             "kubeletVersion": "v1.34.4-mtrl-agent", "kubeProxyVersion": "",
+                             "containerRuntimeVersion": "process://", "kernelVersion": "",
+                             "osImage": "local", "machineID": name, "systemUUID": name,
+                             "bootID": name},
+            }}
+            await self.client.patch(Node.Status, name, status, patch_type=PatchType.MERGE)
+            # The API server taints new nodes not-ready; the node lifecycle controller (not run
+            # here, it would evict pods of a node without kubelet heartbeats) lifts it.
+            await self.client.patch(Node, name, {"spec": {"taints": None}},
+                                    patch_type=PatchType.MERGE)
+
+    # ------------------------------------------------------------------ pods
+
+    async def run(self) -> None:
+        await self.register_nodes()
+        log.info("registered nodes %s", self.node_names)
+        while True:
+            try:
+                async for event, pod in self.client.watch(Pod, namespace="*", server_timeout=60):
+                    await self.on_pod(event, pod)
+            except (ApiError, httpx.HTTPError) as exc:
+                log.warning("pod watch ended: %s; re-listing", exc)
+                await asyncio.sleep(1)
+
+    async def on_pod(self, event: str, pod: Pod) -> None:
+        if pod.spec is None or pod.spec.nodeName not in self.node_names:
+            return
+        uid = pod.metadata.uid
+        state = self.pods.get(uid)
+        if event == "DELETED":
+            if state:
+                await self._kill(state, grace=0)
+                self.pods.pop(uid, None)
+            return
+        if pod.metadata.deletionTimestamp is not None:
+            if state and not state.terminating:
+                state.terminating = True
+                grace = pod.metadata.deletionGracePeriodSeconds or 0
+                asyncio.create_task(self._terminate_and_remove(state, grace))
+            elif not state:
+                await self._remove(pod.metadata.namespace, pod.metadata.name, uid)
+            return
+        if state is None and (pod.status is None or pod.status.phase in (None, "Pending")):
+            state = PodProcess(uid=uid, namespace=pod.metadata.namespace, name=pod.metadata.name,
+                               ip=next(_IP_POOL),
+                               root=self.work_dir / f"{pod.metadata.namespace}_{pod.metadata.name}_{uid[:8]}")
+            self.pods[uid] = state
+            state.task = asyncio.create_task(self._run_pod(state, pod))
+        elif state is None and pod.status.phase == "Running":
+            # A pod from an earlier agent: its processes died with that agent.
+            await self._patch_status(pod.metadata.namespace, pod.metadata.name, {
+                "phase": "Failed", "reason": "NodeAgentRestarted",
+                "message": "the node agent restarted and its processes are gone"})
+
+    async def _run_pod(self, state: PodProcess, pod: Pod) -> None:
+        try:
+            await self._run_pod_inner(state, pod)
+        except Exception as exc:
+            log.exception("pod %s/%s failed to run", state.namespace, state.name)
+            with contextlib.suppress(ApiError):
+                await self._patch_status(state.namespace, state.name, {
+                    "phase": "Failed", "reason": "AgentError", "message": str(exc)[:2000]})
+
+    async def _run_pod_inner(self, state: PodProcess, pod: Pod) -> None:
+        state.root.mkdir(parents=True, exist_ok=True)
+        mounts = await self._volumes(pod, state)
+        env_base = await self._base_env(pod, state)
+        restart_policy = pod.spec.restartPolicy or "Always"
+        await self._patch_status(state.namespace, state.name, {
+            "phase": "Pending", "hostIP": "127.0.0.1", "podIP": state.ip,
+            "podIPs": [{"ip": state.ip}], "startTime": _now(),
+            "conditions": [{"type": "PodScheduled", "status": "True"}]})
+        for init in pod.spec.initContainers or []:
+            code = await self._run_container(state, pod, init, mounts, env_base, wait=True)
+            if code != 0:
+                await self._finish(state, pod, {init.name: code}, failed_init=init.name)
+                return
+        containers = pod.spec.containers
+        for c in containers:
+            await self._run_container(state, pod, c, mounts, env_base, wait=False)
+        await self._report_running(state, pod)
+        probes = asyncio.create_task(self._probe_loop(state, pod))
+        exit_codes: dict[str, int] = {}
+        try:
+            while len(exit_codes) < len(containers):
+                waiters = {asyncio.create_task(state.procs[c.name].wait()): c for c in containers
+                           if c.name not in exit_codes}
+                done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                for t in pending:
+                    t.cancel()
+                for t in done:
+                    c = waiters[t]
+                    code = t.result()
+                    if state.terminating:
+                        exit_codes[c.name] = code
+                    elif restart_policy == "Always" or (restart_policy == "OnFailure" and code):
+                        state.restarts[c.name] = state.restarts.get(c.name, 0) + 1
+                        await asyncio.sleep(min(10, 2 ** state.restarts[c.name] / 4))
+                        await self._run_container(state, pod, c, mounts, env_base, wait=False)
+                        await self._report_running(state, pod)
+                    else:
+                        exit_codes[c.name] = code
+        finally:
+            probes.cancel()
+        if not state.terminating:
+            await self._finish(state, pod, exit_codes)
+
+    async def _run_container(self, state: PodProcess, pod: Pod, c: Any, mounts: dict[str, Path],
+                             env_base: dict[str, str], *, wait: bool) -> int | None:
+        env = dict(env_base)
+        for var in c.env or []:
+            env[var.name] = await self._env_value(pod, state, var)
+        env = {k: _rewrite(v, mounts) for k, v in env.items()}
+        argv = [_rewrite(a, mounts) for a in [*(c.command or []), *(c.args or [])]]
+        if not argv:
+            raise RuntimeError(f"container {c.name} has no command; the node agent cannot run "
+                               "an image's default entrypoint")
+        log_file = open(state.root / f"{c.name}.log", "ab")  # noqa: SIM115 (owned by the child)
+        proc = await asyncio.create_subprocess_exec(
+            *_resolve_argv(argv), env=env, cwd=str(state.root), stdout=log_file,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        log_file.close()
+        state.procs[c.name] = proc
+        state.started[c.name] = _now()
+        state.ready[c.name] = c.readinessProbe is None
+        log.info("started %s/%s[%s] pid %d: %s", state.namespace, state.name, c.name, proc.pid,
+                 " ".join(argv)[:200])
+        return await proc.wait() if wait else None
+
+    async def _probe_loop(self, state: PodProcess, pod: Pod) -> None:
+        probed = [c for c in pod.spec.containers if c.readinessProbe is not None]
+        while probed:
+            changed = False
+            for c in probed:
+                ok = await _probe(state.ip, c.readinessProbe)
+                if ok != state.ready.get(c.name):
+                    state.ready[c.name] = ok
+                    changed = True
+            if changed:
+                await self._report_running(state, pod)
+            await asyncio.sleep(min((p.readinessProbe.periodSeconds or 10) for p in probed) / 5)
+
+    async def _report_running(self, state: PodProcess, pod: Pod) -> None:
+        statuses = [{
+            "name": c.name, "image": c.image or "", "imageID": "", "containerID": f"process://{state.procs[c.name].pid}",
+            "ready": state.ready.get(c.name, False), "started": True,
+            "restartCount": state.restarts.get(c.name, 0),
+            "state": {"running": {"startedAt": state.started[c.name]}},
+        } for c in pod.spec.containers if c.name in state.procs]
+        all_ready = all(s["ready"] for s in statuses)
+        ready = "True" if all_ready else "False"
+        await self._patch_status(state.namespace, state.name, {
+            "phase": "Running", "containerStatuses": statuses,
+            "conditions": [{"type": t, "status": s, "lastTransitionTime": _now()} for t, s in (
+                ("PodScheduled", "True"), ("Initialized", "True"), ("ContainersReady", ready),
+                ("Ready", ready))]})
+
+    async def _finish(self, state: PodProcess, pod: Pod, exit_codes: dict[str, int],
+                      failed_init: str | None = None) -> None:
+        ok = failed_init is None and all(code == 0 for code in exit_codes.values())
+        statuses = [{
+            "name": name, "image": "", "imageID": "", "ready": False, "restartCount": state.restarts.get(name, 0),
+            "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                     "startedAt": state.started.get(name, _now()),
+                                     "finishedAt": _now()}},
+        } for name, code in exit_codes.items()]
+        key = "initContainerStatuses" if failed_init else "containerStatuses"
+        await self._patch_status(state.namespace, state.name, {
+            "phase": "Succeeded" if ok else "Failed", key: statuses,
+            "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted",
+                            "lastTransitionTime": _now()}]})
+        log.info("pod %s/%s finished: %s", state.namespace, state.name, exit_codes)
+
+    async def _terminate_and_remove(self, state: PodProcess, grace: int) -> None:
+        await self._kill(state, grace)
+        await self._remove(state.namespace, state.name, state.uid)
+        self.pods.pop(state.uid, None)
+
+    async def _kill(self, state: PodProcess, grace: int) -> None:
+        state.terminating = True
+        live = [p for p in state.procs.values() if p.returncode is None]
+        for p in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in live)), timeout=max(grace, 0.1))
+        except TimeoutError:
+            for p in live:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+            await asyncio.gather(*(p.wait() for p in live))
+        if state.task and not state.task.done():
+            state.task.cancel()
+
+    async def _remove(self, namespace: str, name: str, uid: str) -> None:
+        with contextlib.suppress(ApiError):
+            await self.client.delete(Pod, name, namespace=namespace, grace_period=0)
+
+    async def _patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        await self.client.patch(Pod.Status, name, {"status": status}, namespace=namespace,
+                                patch_type=PatchType.STRATEGIC)
+
+    # ------------------------------------------------------------------ environment and volumes
+
+    async def _base_env(self, pod: Pod, state: PodProcess) -> dict[str, str]:
+        env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
+               "HOME": str(state.root), "HOSTNAME": pod.metadata.name,
+               "PYTHONUNBUFFERED": "1", "MTRL_POD_IP": state.ip}
+        extra = self.work_dir.parent / "pod-env.json"
+        if extra.exists():
+            env.update(json.loads(extra.read_text()))
+        if pod.spec.automountServiceAccountToken is not False:
+            env["KUBECONFIG"] = str(await self._pod_kubeconfig(pod, state))
+        return env
+
+    async def _pod_kubeconfig(self, pod: Pod, state: PodProcess) -> Path:
+        sa = pod.spec.serviceAccountName or "default"
+        req = ServiceAccount.Token(metadata=ObjectMeta(name=sa, namespace=state.namespace),
+                                   spec=TokenRequestSpec(audiences=[], expirationSeconds=86400))
+        token = await self.client.create(req, name=sa, namespace=state.namespace)
+        cluster = self.config.contexts[self.config.current_context].cluster
+        server = self.config.clusters[cluster].server
+        ca = self.config.clusters[cluster].certificate_auth
+        path = state.root / "serviceaccount.kubeconfig"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "local", "cluster": {"server": server, "certificate-authority": ca}}],
+            "users": [{"name": sa, "user": {"token": token.status.token}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": sa,
+                                                       "namespace": state.namespace}}],
+            "current-context": "local"}))
+        return path
+
+    async def _env_value(self, pod: Pod, state: PodProcess, var: Any) -> str:
+        if var.valueFrom is None:
+            return var.value or ""
+        src = var.valueFrom
+        if src.fieldRef is not None:
+            return _field_ref(pod, state, src.fieldRef.fieldPath)
+        if src.configMapKeyRef is not None:
+            cm = await self.client.get(ConfigMap, src.configMapKeyRef.name, namespace=state.namespace)
+            return (cm.data or {}).get(src.configMapKeyRef.key, "")
+        if src.secretKeyRef is not None:
+            secret = await self.client.get(Secret, src.secretKeyRef.name, namespace=state.namespace)
+            return base64.b64decode((secret.data or {}).get(src.secretKeyRef.key, "")).decode()
+        return ""
+
+    async def _volumes(self, pod: Pod, state: PodProcess) -> dict[str, Path]:
+        """mountPath -> local directory, for every volume mount of every container."""
+        local: dict[str, Path] = {}
+        for vol in pod.spec.volumes or []:
+            target = state.root / "volumes" / vol.name
+            target.mkdir(parents=True, exist_ok=True)
+            if vol.configMap is not None:
+                cm = await self.client.get(ConfigMap, vol.configMap.name, namespace=state.namespace)
+                for key, value in (cm.data or {}).items():
+                    (target / key).write_text(value)
+            elif vol.secret is not None:
+                secret = await self.client.get(Secret, vol.secret.secretName, namespace=state.namespace)
+                for key, value in (secret.data or {}).items():
+                    (target / key).write_bytes(base64.b64decode(value))
+            local[vol.name] = target
+        mounts: dict[str, Path] = {}
+        for c in [*(pod.spec.initContainers or []), *pod.spec.containers]:
+            for m in c.volumeMounts or []:
+                if m.name in local:
+                    mounts[m.mountPath] = local[m.name]
+        return mounts
+
+
+def _rewrite(value: str, mounts: dict[str, Path]) -> str:
+    for mount_path in sorted(mounts, key=len, reverse=True):
+        value = value.replace(mount_path.rstrip("/"), str(mounts[mount_path]))
+    return value
+
+
+def _field_ref(pod: Pod, state: PodProcess, path: str) -> str:
+    meta = pod.metadata
+    simple = {"metadata.name": meta.name, "metadata.namespace": meta.namespace,
+              "metadata.uid": meta.uid, "status.podIP": state.ip, "status.hostIP": "127.0.0.1",
+              "spec.nodeName": pod.spec.nodeName, "spec.serviceAccountName": pod.spec.serviceAccountName}
+    if path in simple:
+        return simple[path] or ""
+    for prefix, mapping in (("metadata.labels", meta.labels), ("metadata.annotations", meta.annotations)):
+        if path.startswith(prefix + "['"):
+            return (mapping or {}).get(path[len(prefix) + 2:-2], "")
+    return ""
+
+
+async def _probe(ip: str, probe: Any) -> bool:
+    try:
+        if probe.httpGet is not None:
+            port = probe.httpGet.port
+            async with httpx.AsyncClient(timeout=probe.timeoutSeconds or 1) as client:
+                resp = await client.get(f"http://{ip}:{port}{probe.httpGet.path or '/'}")
+                return 200 <= resp.status_code < 400
+        if probe.tcpSocket is not None:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(ip, int(probe.tcpSocket.port)), timeout=1)
+            writer.close()
+            return True
+    except (OSError, httpx.HTTPError, TimeoutError):
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--work-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    agent = NodeAgent(args.kubeconfig, args.nodes, args.work_dir)
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        runner = asyncio.create_task(agent.run())
+        await stop.wait()
+        runner.cancel()
+        await asyncio.gather(*(agent._kill(s, grace=2) for s in list(agent.pods.values())),
+                             return_exceptions=True)
+
+    asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Worker configuration, read from MTRL_* environment variables (docs/environments.md).
+
+Each field `x` is read from `MTRL_X`; JSON-valued ones (`environment_args`, `reward_weights`)
+are parsed. All problems are reported at once, so a misconfigured pod says everything in one
+crash-loop message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mtrl_rollout.offload import DEFAULT_THRESHOLD_BYTES
+
+PREFIX = "MTRL_"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class WorkerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str = Field(min_length=1, description="UID of the MultiTurnRLRun (tags, messages).")
+    run_name: str = Field(default="", description="Name of the run (tags).")
+    namespace: str = Field(default="", description="Namespace of the run (tags).")
+    rollout_queue_url: str = Field(description="Queue of RolloutRequests this worker consumes.")
+    result_queue_url: str = Field(description="Default queue for RolloutResults.")
+    generate_queue_url: str = Field(description="The trainer's GenerateRequest queue.")
+    dlq_url: str = Field(description="Dead-letter queue for malformed messages.")
+    payload_bucket: str | None = Field(default=None, description="S3 bucket for large payloads.")
+    offload_threshold_bytes: int = Field(
+        default=DEFAULT_THRESHOLD_BYTES, gt=0, le=256 * 1024,
+        description="Bodies above this many bytes go to S3 behind a pointer.",
+    )
+    environment: str = Field(description="Environment name (entry point in mtrl.environments).")
+    environment_args: dict[str, Any] = Field(
+        default_factory=dict, description="JSON object of keyword arguments for the environment."
+    )
+    reward_weights: dict[str, float] = Field(
+        default_factory=dict, description="JSON object: reward component -> weight override."
+    )
+    concurrency: int = Field(default=64, gt=0, description="Episodes run at once.")
+    episode_timeout_s: float = Field(default=600, gt=0, description="Per-episode time limit.")
+    max_turns: int = Field(default=16, gt=0, description="Model turns per episode.")
+    generate_timeout_s: float = Field(
+        default=300, gt=0, description="Longest wait for one generation."
+    )
+    health_port: int = Field(default=8080, ge=0, le=65535, description="/healthz, /readyz; 0 off.")
+    proxy_port: int = Field(
+        default=0, ge=0, le=65535, description="OpenAI-compatible proxy on 127.0.0.1; 0: any."
+    )
+    queue_prefix: str = Field(default="", description="Prefix of this worker's reply queue.")
+    worker_id: str = Field(
+        default_factory=socket.gethostname, min_length=1, description="Defaults to the hostname."
+    )
+    lease_s: int | None = Field(
+        default=None, gt=0, le=43200,
+        description="Visibility lease renewed while an episode runs; default: the queue's.",
+    )
+    poll_wait_s: int = Field(default=5, ge=0, le=20, description="Long-poll wait per receive.")
+    drain_timeout_s: float = Field(
+        default=20, ge=0, description="On SIGTERM, time to finish in-flight episodes."
+    )
+    sqs_pool_size: int = Field(default=32, gt=0, description="Connections and threads for SQS.")
+
+    @property
+    def reply_queue_prefix(self) -> str:
+        return self.queue_prefix or f"mtrl-{self.run_id[:8]}"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerConfig:
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        problems: list[str] = []
+        for name, field in cls.model_fields.items():
+            raw = environ.get(PREFIX + name.upper())
+            if raw is None or (raw == "" and not field.is_required()):
+                continue
+            if name in ("environment_args", "reward_weights"):
+                try:
+                    values[name] = json.loads(raw)
+                except json.JSONDecodeError as exc:
+                    problems.append(f"{PREFIX}{name.upper()}: not JSON ({exc})")
+                    continue
+            else:
+                values[name] = raw
+        try:
+            config = cls.model_validate(values)
+        except ValidationError as exc:
+            problems += [f"{PREFIX}{str(e['loc'][0]).upper()}: {e['msg']}" for e in exc.errors()]
+        if problems:
+            raise ConfigError("invalid worker configuration: " + "; ".join(problems))
+        return config

@@ -1,0 +1,1 @@
+"""Environments: the plug-in interface, the registry and the built-in environments."""

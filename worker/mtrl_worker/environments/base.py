@@ -1,0 +1,82 @@
+"""The environment plug-in interface.
+
+An Environment makes Episodes from task rows. An Episode drives its own turns against a
+`Policy` (built-in environments call `policy.chat`; agents written for an OpenAI-compatible API
+use `policy.openai_base_url` and `policy.api_key` instead) and can be scored at any time, so a
+partial episode cut short by a turn or token limit still earns its due.
+"""
+
+from __future__ import annotations
+
+import argparse
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol
+
+from mtrl_rollout.protocol import ChatMessage, StopReason
+from mtrl_worker.rewards import RewardComponent, Score
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    finish_reason: Literal["stop", "length"]
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+class EpisodeLimitReached(Exception):
+    """Raised by `Policy.chat` when the episode may not take another turn."""
+
+    def __init__(self, reason: StopReason) -> None:
+        super().__init__(f"episode stopped: {reason.value}")
+        self.reason = reason
+
+
+class Policy(Protocol):
+    openai_base_url: str | None
+    api_key: str
+
+    async def chat(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        stop: list[str] | None = None,
+    ) -> Completion: ...
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int
+    max_length: int
+
+
+class Episode(ABC):
+    @abstractmethod
+    async def play(self, policy: Policy) -> None:
+        """Take turns until the episode is over; EpisodeLimitReached may end it early."""
+
+    @abstractmethod
+    def score(self) -> Score:
+        """The score so far: one value per component the environment declares."""
+
+
+class Environment(ABC):
+    name: ClassVar[str]
+    components: ClassVar[tuple[RewardComponent, ...]]
+
+    @abstractmethod
+    def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> Episode: ...
+
+    # `mtrl env play <name> ...`: a scripted policy replays the given replies.
+    @classmethod
+    @abstractmethod
+    def add_play_arguments(cls, parser: argparse.ArgumentParser) -> None: ...
+
+    @classmethod
+    @abstractmethod
+    def play_script(cls, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+        """The task row and the scripted replies for a dry run."""

@@ -1,0 +1,201 @@
+"""Wordle: find a secret five-letter word in six guesses.
+
+Rules as played here (docs/environments.md):
+- A reply's guess is the text inside its last `<guess>...</guess>`, else its last word.
+- Every reply consumes a turn. A guess that is not a five-letter word from the list is invalid;
+  a valid word guessed before is repeated; both are penalised and get no letter feedback.
+- Feedback per letter: G (right place), Y (in the word elsewhere), - (not in the word, or all
+  its occurrences already accounted for), computed in two passes so duplicates are exact.
+
+Reward order, for every secret and default weights (tests/worker/environments/test_wordle.py
+proves it over the whole word list): a win in fewer turns > a win in more turns > a loss > an
+episode without a valid guess. The speed step between two win lengths (1/T) exceeds the largest
+possible penalty of the faster win (0.15 * (T-1)/T for T <= 6), and shaping is capped below the
+smallest win bonus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+from collections import Counter
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+
+from mtrl_rollout.protocol import ChatMessage
+from mtrl_worker.environments.base import Environment, Episode, EpisodeLimits, Policy
+from mtrl_worker.rewards import RewardComponent, Score
+
+WORD_LENGTH = 5
+MAX_GUESSES = 6
+
+GREEN, YELLOW, GREY = "G", "Y", "-"
+
+SYSTEM_PROMPT = (
+    "You are playing Wordle. Find the secret five-letter English word in at most {turns} "
+    "guesses. After each guess you get one mark per letter: G = right letter, right place; "
+    "Y = in the word, elsewhere; - = not in the word (or no further occurrences). "
+    "Think briefly, then answer with your guess as <guess>xxxxx</guess>."
+)
+
+
+@functools.cache
+def word_list() -> tuple[str, ...]:
+    text = resources.files(__package__).joinpath("data/wordle_words.txt").read_text()
+    return tuple(w for w in text.split() if w)
+
+
+def feedback(guess: str, secret: str) -> str:
+    """One mark per letter. Greens first; then, left to right, a letter is yellow only while the
+    secret still has occurrences of it not claimed by a green or an earlier yellow."""
+    marks = [GREY] * WORD_LENGTH
+    unmatched: Counter[str] = Counter()
+    for i, (g, s) in enumerate(zip(guess, secret, strict=True)):
+        if g == s:
+            marks[i] = GREEN
+        else:
+            unmatched[s] += 1
+    for i, g in enumerate(guess):
+        if marks[i] != GREEN and unmatched[g] > 0:
+            marks[i] = YELLOW
+            unmatched[g] -= 1
+    return "".join(marks)
+
+
+_TAGGED = re.compile(r"<guess>\s*([^<]*?)\s*</guess>", re.IGNORECASE)
+_WORD = re.compile(r"[A-Za-z]+")
+
+
+def extract_guess(reply: str) -> str:
+    tagged = _TAGGED.findall(reply)
+    if tagged:
+        return tagged[-1].strip().lower()
+    words = _WORD.findall(reply)
+    return words[-1].lower() if words else ""
+
+
+class WordleGame:
+    """The game state and its score, without any I/O."""
+
+    def __init__(self, secret: str, max_guesses: int = MAX_GUESSES) -> None:
+        self.words = frozenset(word_list())
+        if secret not in self.words:
+            raise ValueError(f"secret {secret!r} is not in the word list")
+        self.secret = secret
+        self.max_guesses = max_guesses
+        self.guesses: list[str] = []  # valid, distinct guesses in order
+        self.turns = 0
+        self.invalid = 0
+        self.repeated = 0
+        self.solved = False
+        self.best_progress = 0.0
+
+    @property
+    def over(self) -> bool:
+        return self.solved or self.turns >= self.max_guesses
+
+    def play(self, reply: str) -> str:
+        """Apply one reply; return the message the player sees next."""
+        if self.over:
+            raise RuntimeError("the game is over")
+        self.turns += 1
+        guess = extract_guess(reply)
+        left = f"{self.max_guesses - self.turns} guesses left."
+        if len(guess) != WORD_LENGTH or guess not in self.words:
+            self.invalid += 1
+            return f"{guess!r} is not a valid guess (a five-letter word from the list). {left}"
+        if guess in self.guesses:
+            self.repeated += 1
+            return f"You already guessed {guess}. {left}"
+        self.guesses.append(guess)
+        marks = feedback(guess, self.secret)
+        self.best_progress = max(
+            self.best_progress, (2 * marks.count(GREEN) + marks.count(YELLOW)) / (2 * WORD_LENGTH)
+        )
+        if guess == self.secret:
+            self.solved = True
+            return f"{guess} {marks} - solved in {self.turns}!"
+        return f"{guess} {marks}. {left}"
+
+    def score(self) -> Score:
+        t = self.max_guesses
+        return Score(
+            components={
+                "solved": float(self.solved),
+                "speed": (t - self.turns + 1) / t if self.solved else 0.0,
+                "made_valid_guess": float(bool(self.guesses)),
+                "letter_progress": self.best_progress,
+                "invalid_guesses": -self.invalid / t,
+                "repeated_guesses": -self.repeated / t,
+            },
+            metrics={
+                "turns": float(self.turns),
+                "valid_guesses": float(len(self.guesses)),
+                "invalid_guess_count": float(self.invalid),
+                "repeated_guess_count": float(self.repeated),
+            },
+        )
+
+
+class WordleEpisode(Episode):
+    def __init__(self, game: WordleGame) -> None:
+        self.game = game
+
+    async def play(self, policy: Policy) -> None:
+        messages = [
+            ChatMessage(role="system", content=SYSTEM_PROMPT.format(turns=self.game.max_guesses)),
+            ChatMessage(role="user", content="Make your first guess."),
+        ]
+        while not self.game.over:
+            completion = await policy.chat(messages)
+            answer = self.game.play(completion.text)
+            messages += [
+                ChatMessage(role="assistant", content=completion.text),
+                ChatMessage(role="user", content=answer),
+            ]
+
+    def score(self) -> Score:
+        return self.game.score()
+
+
+class WordleEnvironment(Environment):
+    name = "wordle"
+    components = (
+        RewardComponent("solved", 1.0, 0.0, 1.0, "outcome", "1 if the secret was found."),
+        RewardComponent(
+            "speed", 1.0, 0.0, 1.0, "outcome", "(T - turns + 1) / T for a win, else 0."
+        ),
+        RewardComponent(
+            "made_valid_guess", 0.25, 0.0, 1.0, "behaviour", "1 if any guess was a valid word."
+        ),
+        RewardComponent(
+            "letter_progress", 0.2, 0.0, 1.0, "behaviour",
+            "Best (2*greens + yellows) / 10 over valid guesses (1 for a win).",
+        ),
+        RewardComponent(
+            "invalid_guesses", 0.15, -1.0, 0.0, "penalty", "-(invalid guesses) / T."
+        ),
+        RewardComponent(
+            "repeated_guesses", 0.15, -1.0, 0.0, "penalty", "-(repeated guesses) / T."
+        ),
+    )
+
+    def __init__(self, max_guesses: int = MAX_GUESSES) -> None:
+        self.max_guesses = max_guesses
+
+    def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> WordleEpisode:
+        secret = str(task["secret"]).strip().lower()
+        return WordleEpisode(WordleGame(secret, min(self.max_guesses, limits.max_turns)))
+
+    @classmethod
+    def add_play_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--secret", required=True, help="the secret word")
+        parser.add_argument(
+            "--guess", action="append", default=[], help="one reply per turn, in order"
+        )
+
+    @classmethod
+    def play_script(cls, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+        return {"secret": args.secret}, list(args.guess)
