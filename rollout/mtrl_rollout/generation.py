@@ -78,7 +78,8 @@ class GenerationServer:
                 try:
                     request, _ = await self._codec.from_body(message.body)
                     if not isinstance(request, GenerateRequest):
-                        raise ProtocolError(f"expected GenerateRequest, got {type(request).__name__}")
+                        got = type(request).__name__
+                        raise ProtocolError(f"expected GenerateRequest, got {got}")
                 except ProtocolError as exc:
                     await dead_letter(self._sqs, self._dlq_url, message, str(exc))
                     continue

@@ -58,5 +58,8 @@ class LeaseKeeper:
             elif result:
                 # Typically the receipt went stale because the message was redelivered; the
                 # consumer's dedupe by sample id makes the duplicate harmless.
-                log.warning("visibility heartbeat: %d receipts not extended (%s)",
-                            len(result), result[0].code)
+                log.warning(
+                    "visibility heartbeat: %d receipts not extended (%s)",
+                    len(result),
+                    result[0].code,
+                )

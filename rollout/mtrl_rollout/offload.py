@@ -86,4 +86,3 @@ class Codec:
     async def discard(self, pointer: PayloadPointer | None) -> None:
         if pointer is not None and self.s3 is not None:
             await asyncio.to_thread(self.s3.delete_object, Bucket=pointer.bucket, Key=pointer.key)
-

@@ -89,9 +89,9 @@ def create_run_queues(
 ) -> RunQueues:
     dlq_attributes = {"MessageRetentionPeriod": "1209600"}  # 14 days, SQS's longest
     dlq_url = create_queue(sqs, queue_name(prefix, "dlq"), tags, dlq_attributes)
-    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])[
-        "Attributes"
-    ]["QueueArn"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
     attributes = {
         "VisibilityTimeout": str(visibility_timeout_s),
         "ReceiveMessageWaitTimeSeconds": "20",

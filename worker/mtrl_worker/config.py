@@ -13,9 +13,8 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from mtrl_rollout.offload import DEFAULT_THRESHOLD_BYTES
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 PREFIX = "MTRL_"
 
@@ -36,7 +35,9 @@ class WorkerConfig(BaseModel):
     dlq_url: str = Field(description="Dead-letter queue for malformed messages.")
     payload_bucket: str | None = Field(default=None, description="S3 bucket for large payloads.")
     offload_threshold_bytes: int = Field(
-        default=DEFAULT_THRESHOLD_BYTES, gt=0, le=256 * 1024,
+        default=DEFAULT_THRESHOLD_BYTES,
+        gt=0,
+        le=256 * 1024,
         description="Bodies above this many bytes go to S3 behind a pointer.",
     )
     environment: str = Field(description="Environment name (entry point in mtrl.environments).")
@@ -61,7 +62,9 @@ class WorkerConfig(BaseModel):
         default_factory=socket.gethostname, min_length=1, description="Defaults to the hostname."
     )
     lease_s: int | None = Field(
-        default=None, gt=0, le=43200,
+        default=None,
+        gt=0,
+        le=43200,
         description="Visibility lease renewed while an episode runs; default: the queue's.",
     )
     poll_wait_s: int = Field(default=5, ge=0, le=20, description="Long-poll wait per receive.")

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from mtrl_rollout.protocol import MetricEntry, RolloutRequest, RolloutResult, StopReason, TurnRecord
+
 from mtrl_worker.environments.base import (
     Environment,
     EpisodeLimitReached,
@@ -57,7 +58,8 @@ async def run_episode(
             except EpisodeLimitReached as limit:
                 stop = limit.reason
         stop = policy.stop_reason or stop  # an agent may have swallowed the limit error
-        aggregate, metrics = compose(episode.score(), env.components, weights, request.rewards.range)
+        score = episode.score()
+        aggregate, metrics = compose(score, env.components, weights, request.rewards.range)
     except TimeoutError:
         stop, error = StopReason.TIMEOUT, f"episode exceeded {timeout_s:g}s"
     except Exception as exc:

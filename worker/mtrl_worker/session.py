@@ -21,6 +21,7 @@ from mtrl_rollout.protocol import (
     StopReason,
     TurnRecord,
 )
+
 from mtrl_worker.environments.base import Completion, EpisodeLimitReached
 
 

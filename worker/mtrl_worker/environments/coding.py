@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mtrl_rollout.protocol import ChatMessage
+
 from mtrl_worker.environments.base import Environment, Episode, EpisodeLimits, Policy
 from mtrl_worker.environments.coding_tasks import TASKS_BY_ID, CodingTask
 from mtrl_worker.environments.sandbox import SandboxResult, run_tests
@@ -56,9 +57,7 @@ class SimulatedUser:
 
 
 class CodingEpisode(Episode):
-    def __init__(
-        self, task: CodingTask, max_turns: int, timeout_s: float, memory_mb: int
-    ) -> None:
+    def __init__(self, task: CodingTask, max_turns: int, timeout_s: float, memory_mb: int) -> None:
         self.task = task
         self.user = SimulatedUser(task)
         self.max_turns = max_turns
@@ -98,8 +97,8 @@ class CodingEpisode(Episode):
             components={
                 "correct_code": result.fraction,
                 "asked_before_coding": float(committed and self.relevant_questions > 0),
-                "guessed_immediately": -float(committed and self.questions == 0),
-                "failed_to_commit": -float(not committed),
+                "guessed_immediately": -1.0 if committed and self.questions == 0 else 0.0,
+                "failed_to_commit": 0.0 if committed else -1.0,
             },
             metrics={
                 "questions": float(self.questions),
@@ -118,11 +117,19 @@ class CodingEnvironment(Environment):
             "correct_code", 1.0, 0.0, 1.0, "outcome", "Fraction of hidden unit tests passed."
         ),
         RewardComponent(
-            "asked_before_coding", 0.3, 0.0, 1.0, "behaviour",
+            "asked_before_coding",
+            0.3,
+            0.0,
+            1.0,
+            "behaviour",
             "1 if code was committed after a question that hit a hidden fact.",
         ),
         RewardComponent(
-            "guessed_immediately", 0.3, -1.0, 0.0, "penalty",
+            "guessed_immediately",
+            0.3,
+            -1.0,
+            0.0,
+            "penalty",
             "-1 if code was committed on the first turn without any question.",
         ),
         RewardComponent(

@@ -31,10 +31,14 @@ TASKS: tuple[CodingTask, ...] = (
         description="Write `median(values)` that returns the median of a list of numbers.",
         facts=(
             Fact(("empty", "no values", "nothing"), "For an empty list return None."),
-            Fact(("even", "two middle", "tie"), "With an even count, average the two middle "
-                 "values (a float)."),
-            Fact(("none", "missing", "null", "skip", "ignore"), "None entries are missing "
-                 "values: ignore them."),
+            Fact(
+                ("even", "two middle", "tie"),
+                "With an even count, average the two middle values (a float).",
+            ),
+            Fact(
+                ("none", "missing", "null", "skip", "ignore"),
+                "None entries are missing values: ignore them.",
+            ),
         ),
         tests=(
             ("median([3, 1, 2])", "2"),
@@ -57,12 +61,18 @@ TASKS: tuple[CodingTask, ...] = (
         description="Write `slugify(title)` that turns a title into a URL slug.",
         facts=(
             Fact(("case", "upper", "lower"), "Lower-case everything."),
-            Fact(("space", "separator", "dash", "hyphen"), "Words are joined by single "
-                 "hyphens; runs of spaces or hyphens collapse to one."),
-            Fact(("punctuation", "special", "symbol", "character"), "Drop every character "
-                 "that is not a letter, digit, space or hyphen."),
-            Fact(("length", "long", "limit", "max"), "At most 20 characters; cut at 20 and "
-                 "strip a trailing hyphen."),
+            Fact(
+                ("space", "separator", "dash", "hyphen"),
+                "Words are joined by single hyphens; runs of spaces or hyphens collapse to one.",
+            ),
+            Fact(
+                ("punctuation", "special", "symbol", "character"),
+                "Drop every character that is not a letter, digit, space or hyphen.",
+            ),
+            Fact(
+                ("length", "long", "limit", "max"),
+                "At most 20 characters; cut at 20 and strip a trailing hyphen.",
+            ),
         ),
         tests=(
             ("slugify('Hello World')", "'hello-world'"),
@@ -82,14 +92,17 @@ TASKS: tuple[CodingTask, ...] = (
     CodingTask(
         id="parse_duration",
         description="Write `parse_duration(text)` that parses a duration like '1h30m' into "
-                    "seconds.",
+        "seconds.",
         facts=(
-            Fact(("unit", "suffix", "h", "hour", "second"), "Units are h, m and s; they may "
-                 "appear in any combination but in that order."),
-            Fact(("bare", "plain", "number", "no unit", "without"), "A bare number means "
-                 "minutes."),
-            Fact(("invalid", "error", "bad", "wrong", "empty"), "Anything else, including an "
-                 "empty string, raises ValueError."),
+            Fact(
+                ("unit", "suffix", "h", "hour", "second"),
+                "Units are h, m and s; they may appear in any combination but in that order.",
+            ),
+            Fact(("bare", "plain", "number", "no unit", "without"), "A bare number means minutes."),
+            Fact(
+                ("invalid", "error", "bad", "wrong", "empty"),
+                "Anything else, including an empty string, raises ValueError.",
+            ),
         ),
         tests=(
             ("parse_duration('1h30m')", "5400"),
@@ -114,10 +127,12 @@ TASKS: tuple[CodingTask, ...] = (
     CodingTask(
         id="price_with_tax",
         description="Write `price_with_tax(amount, region)` that returns the price including "
-                    "sales tax.",
+        "sales tax.",
         facts=(
-            Fact(("rate", "percent", "tax", "region", "state"), "CA is 7.25%, NY is 4%, every "
-                 "other region is tax free."),
+            Fact(
+                ("rate", "percent", "tax", "region", "state"),
+                "CA is 7.25%, NY is 4%, every other region is tax free.",
+            ),
             Fact(("round", "decimal", "cents", "precision"), "Round to 2 decimals with round()."),
             Fact(("case", "lower", "upper"), "Region codes are case-insensitive."),
         ),
@@ -138,13 +153,18 @@ TASKS: tuple[CodingTask, ...] = (
         id="top_words",
         description="Write `top_words(text)` that returns the most frequent words of a text.",
         facts=(
-            Fact(("how many", "number", "count", "top", "n"), "Return the top 3 (fewer if "
-                 "there are fewer distinct words)."),
+            Fact(
+                ("how many", "number", "count", "top", "n"),
+                "Return the top 3 (fewer if there are fewer distinct words).",
+            ),
             Fact(("format", "return", "type", "output"), "A list of (word, count) tuples."),
-            Fact(("case", "upper", "lower", "punctuation"), "Case-insensitive; words are runs "
-                 "of letters a-z, everything else separates them."),
-            Fact(("tie", "order", "sort", "equal"), "Higher count first; ties in alphabetical "
-                 "order."),
+            Fact(
+                ("case", "upper", "lower", "punctuation"),
+                "Case-insensitive; words are runs of letters a-z, everything else separates them.",
+            ),
+            Fact(
+                ("tie", "order", "sort", "equal"), "Higher count first; ties in alphabetical order."
+            ),
         ),
         tests=(
             ("top_words('b a b c a b')", "[('b', 3), ('a', 2), ('c', 1)]"),
@@ -165,10 +185,14 @@ TASKS: tuple[CodingTask, ...] = (
         description="Write `normalize_phone(text)` that normalizes a US phone number.",
         facts=(
             Fact(("format", "output", "look", "style"), "Format as '(555) 123-4567'."),
-            Fact(("country", "leading", "+1", "code", "11"), "A leading country code 1 (11 "
-                 "digits) is dropped."),
-            Fact(("invalid", "error", "wrong", "bad", "short"), "Anything that is not 10 digits "
-                 "after that returns None."),
+            Fact(
+                ("country", "leading", "+1", "code", "11"),
+                "A leading country code 1 (11 digits) is dropped.",
+            ),
+            Fact(
+                ("invalid", "error", "wrong", "bad", "short"),
+                "Anything that is not 10 digits after that returns None.",
+            ),
         ),
         tests=(
             ("normalize_phone('555 123 4567')", "'(555) 123-4567'"),

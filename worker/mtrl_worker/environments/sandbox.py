@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-HARNESS = r'''
+HARNESS = r"""
 import ast, json, resource, sys
 
 
@@ -84,7 +84,7 @@ def main():
 
 
 main()
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,11 @@ async def run_tests(
         harness = Path(workdir) / "harness.py"
         harness.write_text(HARNESS)
         proc = await asyncio.create_subprocess_exec(
-            *_isolation_prefix(), sys.executable, "-I", "-S", str(harness),
+            *_isolation_prefix(),
+            sys.executable,
+            "-I",
+            "-S",
+            str(harness),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -151,5 +155,6 @@ async def run_tests(
             return SandboxResult(report["passed"], len(tests), error=report["error"])
     if proc.returncode == -signal.SIGXCPU:
         return SandboxResult(0, len(tests), timed_out=True, error="cpu time limit")
-    reason = stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-    return SandboxResult(0, len(tests), error=reason[0][:200])
+    last_lines = stderr.decode(errors="replace").strip().splitlines()[-1:]
+    reason = last_lines[0] if last_lines else f"exit {proc.returncode}"
+    return SandboxResult(0, len(tests), error=reason[:200])

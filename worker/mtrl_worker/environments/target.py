@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mtrl_rollout.protocol import ChatMessage
+
 from mtrl_worker.environments.base import Completion, Environment, Episode, EpisodeLimits, Policy
 from mtrl_worker.rewards import RewardComponent, Score
 
@@ -63,7 +64,11 @@ class TargetEnvironment(Environment):
     name = "target"
     components = (
         RewardComponent(
-            "target_fraction", 1.0, 0.0, 1.0, "outcome",
+            "target_fraction",
+            1.0,
+            0.0,
+            1.0,
+            "outcome",
             "Fraction of completion tokens (or characters) equal to the target.",
         ),
     )

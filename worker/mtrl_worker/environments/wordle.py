@@ -25,6 +25,7 @@ from importlib import resources
 from typing import Any
 
 from mtrl_rollout.protocol import ChatMessage
+
 from mtrl_worker.environments.base import Environment, Episode, EpisodeLimits, Policy
 from mtrl_worker.rewards import RewardComponent, Score
 
@@ -171,15 +172,15 @@ class WordleEnvironment(Environment):
             "made_valid_guess", 0.25, 0.0, 1.0, "behaviour", "1 if any guess was a valid word."
         ),
         RewardComponent(
-            "letter_progress", 0.2, 0.0, 1.0, "behaviour",
+            "letter_progress",
+            0.2,
+            0.0,
+            1.0,
+            "behaviour",
             "Best (2*greens + yellows) / 10 over valid guesses (1 for a win).",
         ),
-        RewardComponent(
-            "invalid_guesses", 0.15, -1.0, 0.0, "penalty", "-(invalid guesses) / T."
-        ),
-        RewardComponent(
-            "repeated_guesses", 0.15, -1.0, 0.0, "penalty", "-(repeated guesses) / T."
-        ),
+        RewardComponent("invalid_guesses", 0.15, -1.0, 0.0, "penalty", "-(invalid guesses) / T."),
+        RewardComponent("repeated_guesses", 0.15, -1.0, 0.0, "penalty", "-(repeated guesses) / T."),
     )
 
     def __init__(self, max_guesses: int = MAX_GUESSES) -> None:
