@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
 from mtrl_testbed.moto import MotoServer
 
-ARTIFACTS = Path(os.environ.get("MTRL_TEST_ARTIFACTS", Path(__file__).parent.parent / "out" / "test"))
+ARTIFACTS = Path(os.environ.get("MTRL_TEST_ARTIFACTS", REPO_ROOT / "out" / "test"))
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +38,32 @@ def aws_env(moto_server: MotoServer) -> Iterator[dict[str, str]]:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A real control plane (etcd, kube-apiserver, controller-manager, scheduler, node agent)
+    with the project's CRDs installed."""
+    root = tmp_path_factory.mktemp("cluster")
+    local = LocalCluster(root).start()
+    try:
+        local.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
+        local.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                      "crd/multiturnrlruns.mtrl.dev")
+        yield local
+    finally:
+        local.stop()
+        # Keep the logs where CI can show them.
+        logs = ARTIFACTS / "cluster-logs"
+        shutil.rmtree(logs, ignore_errors=True)
+        shutil.copytree(root / "logs", logs, dirs_exist_ok=True)
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards."""
+    name = "t-" + re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    name = f"{name}-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

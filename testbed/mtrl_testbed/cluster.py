@@ -8,6 +8,7 @@ each pod's command as a local process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -286,9 +287,7 @@ def stop_detached(root: Path) -> bool:
                 break
             time.sleep(0.1)
         else:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     state_file.unlink()
     return True

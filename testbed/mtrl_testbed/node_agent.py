@@ -85,6 +85,7 @@ class PodProcess:
     ready: dict[str, bool] = field(default_factory=dict)
     terminating: bool = False
     task: asyncio.Task[None] | None = None
+    reaper: asyncio.Task[None] | None = None
 
 
 class NodeAgent:
@@ -152,7 +153,7 @@ class NodeAgent:
             if state and not state.terminating:
                 state.terminating = True
                 grace = pod.metadata.deletionGracePeriodSeconds or 0
-                asyncio.create_task(self._terminate_and_remove(state, grace))
+                state.reaper = asyncio.create_task(self._terminate_and_remove(state, grace))
             elif not state:
                 await self._remove(pod.metadata.namespace, pod.metadata.name, uid)
             return
@@ -231,7 +232,7 @@ class NodeAgent:
         if not argv:
             raise RuntimeError(f"container {c.name} has no command; the node agent cannot run "
                                "an image's default entrypoint")
-        log_file = open(state.root / f"{c.name}.log", "ab")  # noqa: SIM115 (owned by the child)
+        log_file = open(state.root / f"{c.name}.log", "ab")  # noqa: SIM115, ASYNC230 (the child owns it)
         proc = await asyncio.create_subprocess_exec(
             *_resolve_argv(argv), env=env, cwd=str(state.root), stdout=log_file,
             stderr=asyncio.subprocess.STDOUT, start_new_session=True)
@@ -258,7 +259,8 @@ class NodeAgent:
 
     async def _report_running(self, state: PodProcess, pod: Pod) -> None:
         statuses = [{
-            "name": c.name, "image": c.image or "", "imageID": "", "containerID": f"process://{state.procs[c.name].pid}",
+            "name": c.name, "image": c.image or "", "imageID": "",
+            "containerID": f"process://{state.procs[c.name].pid}",
             "ready": state.ready.get(c.name, False), "started": True,
             "restartCount": state.restarts.get(c.name, 0),
             "state": {"running": {"startedAt": state.started[c.name]}},
@@ -275,7 +277,8 @@ class NodeAgent:
                       failed_init: str | None = None) -> None:
         ok = failed_init is None and all(code == 0 for code in exit_codes.values())
         statuses = [{
-            "name": name, "image": "", "imageID": "", "ready": False, "restartCount": state.restarts.get(name, 0),
+            "name": name, "image": "", "imageID": "", "ready": False,
+            "restartCount": state.restarts.get(name, 0),
             "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
                                      "startedAt": state.started.get(name, _now()),
                                      "finishedAt": _now()}},

@@ -114,14 +114,16 @@ class _Translator:
         return out
 
     def _nested_defaults(self, model_name: str, properties: dict[str, Any]) -> None:
-        """`default: {}` on nested objects whose model builds itself from defaults, so the
-        API server fills in their fields too."""
+        """A nested object whose model builds itself from defaults gets that whole object as
+        its default. (`default: {}` is not enough: the API server checks a default against the
+        CEL rules before filling in the nested defaults.)"""
         cls = self.classes[model_name]
         for name, field in cls.model_fields.items():
             alias = field.alias or name
             factory = field.default_factory
             if alias in properties and isinstance(factory, type) and issubclass(factory, BaseModel):
-                properties[alias]["default"] = {}
+                properties[alias]["default"] = factory().model_dump(
+                    by_alias=True, exclude_none=True, mode="json")
 
 
 def _assert_described(schema: dict[str, Any], path: str) -> None:

@@ -198,7 +198,8 @@ class GrpoSpec(ApiModel):
 
 
 class RolloutSpec(ApiModel):
-    environment: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")]
+    environment: Annotated[str, Field(min_length=1, max_length=63,
+                                      pattern=r"^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")]
     """Environment plug-in the reward workers play (entry point group mtrl.environments),
     e.g. wordle or coding."""
     environment_args: Annotated[dict[str, Annotated[str, Field(max_length=4096)]], Field(

@@ -1,0 +1,125 @@
+"""A corpus of invalid runs, each refused by the real API server with the field named."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mtrl_testbed.cluster import LocalCluster
+
+REPO = Path(__file__).resolve().parents[3]
+BASE = yaml.safe_load((REPO / "manifests" / "examples" / "tiny-cpu.yaml").read_text())
+DELETE = object()
+
+pytestmark = pytest.mark.cluster
+
+
+def _merge(into: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    for key, value in patch.items():
+        if value is DELETE:
+            into.pop(key, None)
+        elif isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+    return into
+
+
+# (case id, spec patch, text the error must contain: the offending field's path)
+CASES: list[tuple[str, dict[str, Any], str]] = [
+    # wrong types
+    ("group-size-string", {"grpo": {"groupSize": "eight"}}, "spec.grpo.groupSize"),
+    ("lr-string", {"grpo": {"learningRate": "fast"}}, "spec.grpo.learningRate"),
+    ("suspend-string", {"lifecycle": {"suspend": "yes"}}, "spec.lifecycle.suspend"),
+    ("target-modules-not-list", {"model": {"lora": {"targetModules": "q_proj"}}},
+     "spec.model.lora.targetModules"),
+    ("env-args-not-strings", {"rollout": {"environmentArgs": {"x": {"y": 1}}}},
+     "spec.rollout.environmentArgs.x"),
+    ("nodes-float", {"trainer": {"nodes": 1.5}}, "spec.trainer.nodes"),
+    # out-of-range numbers
+    ("group-size-one", {"grpo": {"groupSize": 1}}, "spec.grpo.groupSize"),
+    ("lr-zero", {"grpo": {"learningRate": 0}}, "spec.grpo.learningRate"),
+    ("temperature-high", {"grpo": {"temperature": 3.5}}, "spec.grpo.temperature"),
+    ("lora-rank-zero", {"model": {"lora": {"rank": 0}}}, "spec.model.lora.rank"),
+    ("dropout-above-one", {"model": {"lora": {"dropout": 1.5}}}, "spec.model.lora.dropout"),
+    ("gpus-too-many", {"trainer": {"gpusPerNode": 17}}, "spec.trainer.gpusPerNode"),
+    ("visibility-timeout-too-long", {"queues": {"visibilityTimeoutSeconds": 50000}},
+     "spec.queues.visibilityTimeoutSeconds"),
+    ("negative-backoff", {"lifecycle": {"backoffLimit": -1}}, "spec.lifecycle.backoffLimit"),
+    ("deadline-zero", {"lifecycle": {"activeDeadlineSeconds": 0}},
+     "spec.lifecycle.activeDeadlineSeconds"),
+    ("collapse-threshold", {"reward": {"collapse": {"zeroVarianceThreshold": 2}}},
+     "spec.reward.collapse.zeroVarianceThreshold"),
+    # unknown enum values
+    ("launcher-unknown", {"trainer": {"launcher": "MPIJob"}}, "spec.trainer.launcher"),
+    ("backend-unknown", {"workers": {"backend": "lambda"}}, "spec.workers.backend"),
+    ("loss-type-unknown", {"grpo": {"lossType": "ppo"}}, "spec.grpo.lossType"),
+    ("scale-rewards-unknown", {"grpo": {"scaleRewards": "global"}}, "spec.grpo.scaleRewards"),
+    ("dtype-unknown", {"model": {"dtype": "int4"}}, "spec.model.dtype"),
+    # patterns and required fields
+    ("output-not-s3", {"output": {"s3Uri": "https://bucket/x"}}, "spec.output.s3Uri"),
+    ("environment-bad-name", {"rollout": {"environment": "Wordle!"}}, "spec.rollout.environment"),
+    ("image-with-space", {"trainer": {"image": "my image"}}, "spec.trainer.image"),
+    ("model-missing", {"model": DELETE}, "spec.model"),
+    ("role-arn-malformed", {"workers": {"ecs": {"taskRoleArn": "role/x"}}},
+     "spec.workers.ecs.taskRoleArn"),
+    # broken cross-field rules (CEL)
+    ("epsilon-high-below-epsilon", {"grpo": {"epsilon": 0.3, "epsilonHigh": 0.2}},
+     "spec.grpo.epsilonHigh"),
+    ("min-above-max-workers", {"workers": {"minReplicas": 5, "maxReplicas": 2}},
+     "spec.workers.minReplicas"),
+    ("two-dataset-sources", {"dataset": {"s3": {"trainUri": "s3://data/train.jsonl"}}},
+     "spec.dataset"),
+    ("no-dataset-source", {"dataset": {"generated": DELETE}}, "spec.dataset"),
+    ("fargate-cpu-not-a-size", {"workers": {"backend": "ecs-fargate", "cpu": 300}},
+     "spec.workers.cpu"),
+]
+
+
+@pytest.mark.parametrize(("case", "patch", "field"), CASES, ids=[c[0] for c in CASES])
+def test_invalid_run_is_refused_naming_the_field(cluster: LocalCluster, namespace: str,
+                                                 case: str, patch: dict, field: str) -> None:
+    run = copy.deepcopy(BASE)
+    run["metadata"]["name"] = case
+    _merge(run["spec"], patch)
+    out = cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-",
+                          input=json.dumps(run), check=False)
+    assert out.returncode != 0, f"{case} was accepted"
+    assert field in out.stderr, out.stderr
+
+
+def test_corpus_is_large_enough() -> None:
+    assert len(CASES) >= 25
+
+
+@pytest.mark.parametrize("section", ["grpo", "model", "dataset", "rollout", "output"])
+def test_training_spec_is_immutable_once_started(cluster: LocalCluster, namespace: str,
+                                                 section: str) -> None:
+    run = copy.deepcopy(BASE)
+    name = f"immutable-{section}"
+    run["metadata"]["name"] = name
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(run))
+    edit, edit_again = {
+        "grpo": ({"maxSteps": 30}, {"maxSteps": 31}),
+        "model": ({"lora": {"rank": 16}}, {"lora": {"rank": 12}}),
+        "dataset": ({"evalIntervalSteps": 7}, {"evalIntervalSteps": 8}),
+        "rollout": ({"maxTurns": 3}, {"maxTurns": 4}),
+        "output": ({"checkpointIntervalSteps": 2}, {"checkpointIntervalSteps": 5}),
+    }[section]
+    # Before the run starts, the spec may still change.
+    cluster.kubectl("patch", "mtrlrun", name, "-n", namespace, "--type=merge",
+                    "-p", json.dumps({"spec": {section: edit}}))
+    cluster.kubectl("patch", "mtrlrun", name, "-n", namespace, "--subresource=status",
+                    "--type=merge", "-p", '{"status":{"startTime":"2026-01-01T00:00:00Z"}}')
+    out = cluster.kubectl("patch", "mtrlrun", name, "-n", namespace, "--type=merge",
+                          "-p", json.dumps({"spec": {section: edit_again}}), check=False)
+    assert out.returncode != 0
+    assert f"spec.{section}: Forbidden" in out.stderr, out.stderr
+    # Lifecycle stays editable: suspending a started run is the point of suspend.
+    cluster.kubectl("patch", "mtrlrun", name, "-n", namespace, "--type=merge",
+                    "-p", '{"spec":{"lifecycle":{"suspend":true}}}')
