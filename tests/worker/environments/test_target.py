@@ -1,0 +1,43 @@
+import asyncio
+
+import pytest
+
+from mtrl_worker.environments.base import Completion, EpisodeLimits
+from mtrl_worker.environments.target import TargetEnvironment
+
+
+class TokenPolicy:
+    openai_base_url = None
+    api_key = "k"
+
+    def __init__(self, completions: list[Completion]) -> None:
+        self.completions = completions
+
+    async def chat(self, messages, **_: object) -> Completion:
+        return self.completions.pop(0)
+
+
+def _score(task: dict, completions: list[Completion], turns: int = 1) -> float:
+    episode = TargetEnvironment(turns=turns).episode(task, EpisodeLimits(4, 1000))
+    asyncio.run(episode.play(TokenPolicy(completions)))
+    return episode.score().components["target_fraction"]
+
+
+def test_token_mode_rewards_the_fraction_of_target_tokens() -> None:
+    completion = Completion("", "stop", [7, 7, 3, 7], [-1.0] * 4)
+    assert _score({"target_token_id": 7}, [completion]) == 0.75
+
+
+def test_character_mode_and_two_turns_average() -> None:
+    completions = [Completion("aaaa", "stop", [], []), Completion("ab", "stop", [], [])]
+    assert _score({"target": "a"}, completions, turns=2) == pytest.approx(0.75)
+
+
+def test_empty_completion_scores_zero() -> None:
+    assert _score({"target_token_id": 1}, [Completion("", "length", [], [])]) == 0.0
+
+
+@pytest.mark.parametrize("task", [{}, {"target": "ab"}, {"target": "a", "target_token_id": 1}])
+def test_malformed_tasks_are_rejected(task: dict) -> None:
+    with pytest.raises(ValueError):
+        TargetEnvironment().episode(task, EpisodeLimits(1, 10))
