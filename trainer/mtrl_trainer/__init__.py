@@ -1,0 +1,1 @@
+"""The reference GRPO + LoRA trainer: generation service, rollout orchestration and updates."""

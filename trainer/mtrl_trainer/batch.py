@@ -1,0 +1,100 @@
+"""Rollout results -> training rows, without ever re-tokenizing.
+
+A row is one flat token sequence of an episode (prompt, completions and environment text, as
+sampled) with its loss mask (1 on model-generated tokens only), the behaviour logprobs carried
+in the result, its advantage and its per-token loss weights for the whole step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mtrl_rollout.protocol import RolloutResult
+from mtrl_rollout.trajectory import flatten
+from mtrl_trainer.grpo import LossType, token_weights
+
+
+@dataclass(frozen=True)
+class Row:
+    token_ids: list[int]
+    mask: list[int]  # 1 where the token was sampled by the policy
+    old_logprobs: list[float]  # behaviour logprob per token, 0 where mask is 0
+    weights: list[float]  # loss weight per token (0 where mask is 0)
+    advantage: float
+    micro_batch: int
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.mask)
+
+
+@dataclass(frozen=True)
+class Padded:
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T] float; trained tokens
+    old_logprobs: torch.Tensor  # [B, T]
+    weights: torch.Tensor  # [B, T]
+    advantages: torch.Tensor  # [B]
+
+
+def build_rows(
+    results: Sequence[RolloutResult],
+    advantages: Sequence[float],
+    *,
+    loss_type: LossType,
+    max_completion_length: int,
+    max_sequence_length: int,
+    micro_batches: int,
+) -> list[Row]:
+    """Rows of one optimizer step. Episodes are dealt to micro-batches round-robin so each
+    micro-batch sees every group; rows with nothing to train are left out."""
+    flat: list[tuple[int, list[int], list[int], list[float], float]] = []
+    for episode, (result, advantage) in enumerate(zip(results, advantages, strict=True)):
+        for seq in flatten(result.trajectory):
+            ids = seq.token_ids[:max_sequence_length]
+            mask = seq.loss_mask[: len(ids)]
+            if not any(mask):
+                continue
+            flat.append((episode, ids, mask, seq.logprobs[: len(ids)], advantage))
+    if not flat:
+        return []
+    width = max(len(ids) for _, ids, _, _, _ in flat)
+    mask_t = torch.tensor([m + [0] * (width - len(m)) for _, _, m, _, _ in flat])
+    episodes = torch.tensor([e for e, *_ in flat])
+    micro = episodes % micro_batches
+    weights = token_weights(
+        mask_t, episodes, micro, loss_type=loss_type, max_completion_length=max_completion_length
+    )
+    return [
+        Row(ids, mask, old, weights[i, : len(ids)].tolist(), adv, int(micro[i]))
+        for i, (_, ids, mask, old, adv) in enumerate(flat)
+    ]
+
+
+def shard(rows: Sequence[Row], micro_batch: int, rank: int, world_size: int) -> list[Row]:
+    """This rank's rows of one micro-batch."""
+    return [r for r in rows if r.micro_batch == micro_batch][rank::world_size]
+
+
+def pad(rows: Sequence[Row], pad_token_id: int, device: torch.device | str = "cpu") -> Padded:
+    """Right-padded tensors. An empty shard becomes one all-padding row with zero weight, so
+    every data-parallel rank still runs the same forward/backward collectives."""
+    if not rows:
+        rows = [Row([pad_token_id, pad_token_id], [0, 0], [0.0, 0.0], [0.0, 0.0], 0.0, 0)]
+    width = max(len(r.token_ids) for r in rows)
+
+    def padded(values: Sequence[Sequence[float]], fill: float, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([list(v) + [fill] * (width - len(v)) for v in values], dtype=dtype)
+
+    return Padded(
+        input_ids=padded([r.token_ids for r in rows], pad_token_id, torch.long).to(device),
+        attention_mask=padded([[1] * len(r.token_ids) for r in rows], 0, torch.long).to(device),
+        mask=padded([r.mask for r in rows], 0, torch.float32).to(device),
+        old_logprobs=padded([r.old_logprobs for r in rows], 0.0, torch.float32).to(device),
+        weights=padded([r.weights for r in rows], 0.0, torch.float32).to(device),
+        advantages=torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=device),
+    )

@@ -1,0 +1,90 @@
+"""The policy: a base causal LM (frozen) plus one trainable LoRA adapter, and its tokenizer.
+
+`name` is a Hugging Face model id or local path, an s3:// prefix (downloaded first), or
+`random:<preset>` for a tiny randomly initialised model with the built-in character tokenizer
+(tests and local demos; nothing is downloaded).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+
+from mtrl_operator.api.run import ModelSpec
+from mtrl_trainer.s3 import download_prefix, parse_s3_uri
+from mtrl_trainer.tokenizer import CharChatTokenizer, ChatTokenizer, HFChatTokenizer
+
+RANDOM_PREFIX = "random:"
+# Small enough for two CPU cores, big enough to learn the target environment in a few steps.
+RANDOM_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny-qwen2": {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+                   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2},
+    "tiny-llama": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+                   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2},
+}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class Policy:
+    model: PeftModel
+    tokenizer: ChatTokenizer
+
+
+def random_base_model(preset: str, vocab_size: int, dtype: torch.dtype, seed: int) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if preset not in RANDOM_PRESETS:
+        raise ValueError(f"unknown random model preset {preset!r}; known: {sorted(RANDOM_PRESETS)}")
+    fields = dict(RANDOM_PRESETS[preset])
+    config = AutoConfig.for_model(
+        fields.pop("model_type"), vocab_size=vocab_size, max_position_embeddings=4096,
+        tie_word_embeddings=False, **fields,
+    )
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+
+def load_policy(spec: ModelSpec, *, seed: int, device: torch.device) -> Policy:
+    dtype = DTYPES[spec.dtype]
+    tokenizer: ChatTokenizer
+    if spec.name.startswith(RANDOM_PREFIX):
+        char_tokenizer = CharChatTokenizer()
+        base = random_base_model(
+            spec.name.removeprefix(RANDOM_PREFIX), char_tokenizer.vocab_size, dtype, seed
+        )
+        tokenizer = char_tokenizer
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+        source = _local_source(spec.name)
+        base = AutoModelForCausalLM.from_pretrained(source, revision=spec.revision, dtype=dtype)
+        hf_tokenizer = AutoTokenizer.from_pretrained(source, revision=spec.revision)
+        try:
+            eos = GenerationConfig.from_pretrained(source, revision=spec.revision).eos_token_id
+        except OSError:
+            eos = None
+        extra = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        tokenizer = HFChatTokenizer(hf_tokenizer, extra)
+    base.to(device)
+    lora = spec.lora
+    torch.manual_seed(seed)  # LoRA A is random, B is zero: the first policy is the base model
+    model = get_peft_model(base, LoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
+    ))
+    return Policy(model, tokenizer)
+
+
+def _local_source(name: str) -> str:
+    if not name.startswith("s3://"):
+        return name
+    bucket, prefix = parse_s3_uri(name)
+    target = Path(tempfile.mkdtemp(prefix="mtrl-model-"))
+    download_prefix(bucket, prefix, target)
+    return str(target)
