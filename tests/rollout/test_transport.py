@@ -1,0 +1,201 @@
+"""SQS transport against the moto server: batching, heartbeat, dead-lettering, dedupe."""
+
+import asyncio
+import json
+import logging
+
+import pytest
+
+from mtrl_rollout.batching import Outbox
+from mtrl_rollout.deadletter import dead_letter
+from mtrl_rollout.generation import GenerationServer
+from mtrl_rollout.leases import LeaseKeeper
+from mtrl_rollout.offload import Codec
+from mtrl_rollout.protocol import (
+    ChatMessage,
+    GenerateRequest,
+    MetricEntry,
+    RolloutResult,
+    StopReason,
+    encode,
+)
+from mtrl_rollout.queues import TAG_MANAGED_BY, TAG_RUN_UID, queue_name
+from mtrl_rollout.results import ResultCollector
+from mtrl_rollout.sqs import Outgoing, Sqs
+
+pytestmark = pytest.mark.aws
+
+
+def _result(sample: str, reward: float = 1.0) -> RolloutResult:
+    return RolloutResult(
+        run_id="uid",
+        step=0,
+        group_id="g",
+        sample_id=sample,
+        policy_version=0,
+        aggregate_reward_score=reward,
+        stop_reason=StopReason.DONE,
+        metrics_list=[MetricEntry(name="solved", value=reward, type="Reward")],
+    )
+
+
+def _calls(sqs: Sqs, operation: str) -> list[int]:
+    """Count calls of one SQS operation through botocore's event hooks."""
+    counter: list[int] = []
+    sqs.client.meta.events.register(f"before-call.sqs.{operation}", lambda **_: counter.append(1))
+    return counter
+
+
+def test_run_queues_have_redrive_and_tags(sqs_client, queues, prefix) -> None:
+    attributes = sqs_client.get_queue_attributes(QueueUrl=queues.rollout_url, AttributeNames=["All"])[
+        "Attributes"
+    ]
+    redrive = json.loads(attributes["RedrivePolicy"])
+    assert int(redrive["maxReceiveCount"]) == 3 and redrive["deadLetterTargetArn"].endswith("-dlq")
+    tags = sqs_client.list_queue_tags(QueueUrl=queues.rollout_url)["Tags"]
+    assert tags[TAG_RUN_UID] == f"uid-{prefix}" and tags[TAG_MANAGED_BY] == "mtrl-operator"
+
+
+def test_queue_names_are_valid_and_distinct_when_long() -> None:
+    long_a, long_b = queue_name("p" * 70, "reply", "worker-a"), queue_name("p" * 70, "reply", "worker-b")
+    assert len(long_a) == len(long_b) == 80 and long_a != long_b
+    assert queue_name("run.x", "reply", "pod/1") == "run-x-reply-pod-1"
+
+
+async def test_outbox_batches_concurrent_sends_and_deletes(aws_env, queues) -> None:
+    sqs = Sqs(pool_size=8)
+    outbox = Outbox(sqs, linger_s=0.01)
+    batches = _calls(sqs, "SendMessageBatch")
+    deletes = _calls(sqs, "DeleteMessageBatch")
+    await asyncio.gather(*(outbox.send(queues.result_url, Outgoing(f"m{i}")) for i in range(45)))
+    assert len(batches) == 5  # 45 messages, 10 per call
+    received = []
+    while len(received) < 45:
+        received += await sqs.receive(queues.result_url, wait_s=1)
+    assert sorted(m.body for m in received) == sorted(f"m{i}" for i in range(45))
+    await asyncio.gather(*(outbox.delete(m.queue_url, m.receipt_handle) for m in received))
+    assert len(deletes) == 5
+    await asyncio.sleep(2.2)  # past the visibility timeout: deleted messages must not return
+    assert await sqs.receive(queues.result_url, wait_s=0) == []
+    await outbox.aclose()
+    sqs.close()
+
+
+async def test_heartbeat_keeps_a_long_episode_invisible(aws_env, queues) -> None:
+    sqs = Sqs(pool_size=4)
+    await sqs.send(queues.rollout_url, Outgoing("long episode"))
+    [message] = await sqs.receive(queues.rollout_url, wait_s=1)
+    leases = LeaseKeeper(sqs, queues.rollout_url, lease_s=2)
+    leases.hold("s1", message.receipt_handle)
+    keeper = asyncio.create_task(leases.run())
+    await asyncio.sleep(4.5)  # more than two visibility timeouts
+    assert await sqs.receive(queues.rollout_url, wait_s=0) == []
+    keeper.cancel()
+    await asyncio.sleep(2.5)  # without the heartbeat it comes back
+    [again] = await sqs.receive(queues.rollout_url, wait_s=1)
+    assert again.body == "long episode" and again.receive_count == 2
+    sqs.close()
+
+
+async def test_malformed_message_is_dead_lettered_at_once(aws_env, queues, caplog) -> None:
+    sqs = Sqs(pool_size=4)
+    await sqs.send(queues.rollout_url, Outgoing("{not json"))
+    [message] = await sqs.receive(queues.rollout_url, wait_s=1)
+    with caplog.at_level(logging.WARNING, logger="mtrl_rollout.deadletter"):
+        await dead_letter(sqs, queues.dlq_url, message, "malformed: not JSON")
+    assert f"moved message {message.message_id}" in caplog.text
+    [dead] = await sqs.receive(queues.dlq_url, wait_s=1)
+    assert dead.body == "{not json"
+    assert dead.attributes["mtrl-dlq-reason"] == "malformed: not JSON"
+    assert dead.attributes["mtrl-source-queue"] == queues.rollout_url
+    await asyncio.sleep(2.2)
+    assert await sqs.receive(queues.rollout_url, wait_s=0) == []
+    sqs.close()
+
+
+async def test_collector_keeps_one_result_per_sample(aws_env, queues) -> None:
+    sqs = Sqs(pool_size=8)
+    for body in [encode(_result("a")), encode(_result("a", 0.0)), encode(_result("b")), "junk"]:
+        await sqs.send(queues.result_url, Outgoing(body))
+    collector = ResultCollector(sqs, queues.result_url, queues.dlq_url)
+    got = await collector.collect(["a", "b"], timeout_s=10)
+    assert sorted(got) == ["a", "b"]
+    # give the trailing copy time to arrive, then make sure it is dropped, not returned
+    await sqs.send(queues.result_url, Outgoing(encode(_result("b", 0.5))))
+    assert await collector.collect(["b"], timeout_s=3) == {}
+    assert collector.duplicates == 2 and collector.malformed == 1
+    await collector.aclose()
+    sqs.close()
+
+
+async def test_generation_server_answers_on_the_named_reply_queue(
+    aws_env, queues, sqs_client, prefix
+) -> None:
+    reply_url = sqs_client.create_queue(QueueName=f"{prefix}-reply-w1")["QueueUrl"]
+    sqs = Sqs(pool_size=8)
+
+    async def sample(requests):
+        from mtrl_rollout.generation import error_response
+
+        return [error_response(r, f"echo {r.messages[-1].content}") for r in requests]
+
+    server = GenerationServer(sqs, queues.generate_url, queues.dlq_url, sample)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(server.serve(stop))
+    base = dict(
+        run_id="uid", step=0, group_id="g", sample_id="s", policy_version=0, turn=0, reply_queue_url=reply_url
+    )
+    live = GenerateRequest(**base, request_id="live", messages=[ChatMessage(role="user", content="hi")])
+    expired = GenerateRequest(
+        **base, request_id="old", deadline=1.0, messages=[ChatMessage(role="user", content="late")]
+    )
+    await sqs.send(queues.generate_url, Outgoing(encode(expired)))
+    await sqs.send(queues.generate_url, Outgoing(encode(live)))
+    replies = []
+    for _ in range(10):
+        replies += await sqs.receive(reply_url, wait_s=1)
+        if replies:
+            break
+    await asyncio.sleep(0.5)
+    replies += await sqs.receive(reply_url, wait_s=0)
+    stop.set()
+    await serving
+    assert [json.loads(m.body)["request_id"] for m in replies] == ["live"]
+    assert json.loads(replies[0].body)["error"] == "echo hi"
+    sqs.close()
+
+
+async def test_oversized_payload_round_trips_through_s3(aws_env, queues, bucket, s3_client) -> None:
+    codec = Codec(s3_client, bucket, threshold_bytes=64 * 1024)
+    big = _result("big").model_copy(
+        update={"metrics_list": [MetricEntry(name=f"m{i:05d}", value=i, type="Metric") for i in range(8000)]}
+    )
+    body = await codec.to_body(big)
+    assert len(body) < 1024 and json.loads(body)["kind"] == "payload_pointer"
+    sqs = Sqs(pool_size=4)
+    await sqs.send(queues.result_url, Outgoing(body))
+    [message] = await sqs.receive(queues.result_url, wait_s=1)
+    decoded, pointer = await codec.from_body(message.body)
+    assert decoded == big and pointer is not None
+    await codec.discard(pointer)
+    assert s3_client.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+    small = await codec.to_body(_result("small"))
+    assert json.loads(small)["kind"] == "rollout_result"
+    sqs.close()
+
+
+async def test_offload_failures_are_explicit(aws_env, bucket, s3_client) -> None:
+    from mtrl_rollout.offload import PayloadTooLarge
+    from mtrl_rollout.protocol import ProtocolError
+
+    big = _result("x").model_copy(update={"error": "e" * 5000})
+    with pytest.raises(PayloadTooLarge, match="MTRL_PAYLOAD_BUCKET"):
+        await Codec(threshold_bytes=1024).to_body(big)
+    codec = Codec(s3_client, bucket, threshold_bytes=1024)
+    pointer = json.loads(await codec.to_body(big))
+    s3_client.put_object(Bucket=bucket, Key=pointer["key"], Body=b"tampered")
+    with pytest.raises(ProtocolError, match="sha256 mismatch"):
+        await codec.from_body(json.dumps(pointer))
+    s3_client.delete_object(Bucket=bucket, Key=pointer["key"])
+    with pytest.raises(ProtocolError, match="NoSuchKey"):
+        await codec.from_body(json.dumps(pointer))
