@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn

@@ -1,0 +1,67 @@
+"""Task rows for training and validation, and the order they are played in.
+
+The order is a pure function of (seed, step): each epoch is a seeded permutation, so a resumed
+trainer plays exactly the tasks the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from mtrl_operator.api.run import DatasetSpec
+from mtrl_trainer import s3
+
+Task = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Tasks:
+    train: list[Task]
+    validation: list[Task]
+
+    def for_step(self, step: int, count: int, seed: int) -> list[Task]:
+        """Tasks of (0-based) `step`: positions step*count ... in the epoch-wise shuffled order."""
+        n = len(self.train)
+        picked: list[Task] = []
+        for position in range(step * count, (step + 1) * count):
+            epoch, index = divmod(position, n)
+            order = list(range(n))
+            random.Random(seed * 1_000_003 + epoch).shuffle(order)
+            picked.append(self.train[order[index]])
+        return picked
+
+
+def load_tasks(spec: DatasetSpec, environment: str) -> Tasks:
+    if spec.inline is not None:
+        return Tasks(list(spec.inline.train), list(spec.inline.validation))
+    if spec.s3 is not None:
+        validation = _read_jsonl(spec.s3.validation_uri) if spec.s3.validation_uri else []
+        return Tasks(_read_jsonl(spec.s3.train_uri), validation)
+    if spec.generated is not None:
+        return _generated(environment, spec.generated.train_size, spec.generated.validation_size)
+    raise ValueError("dataset has no source")
+
+
+def _read_jsonl(uri: str) -> list[Task]:
+    bucket, key = s3.parse_s3_uri(uri)
+    body = s3.client().get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+    rows = [json.loads(line) for line in body.splitlines() if line.strip()]
+    if not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"{uri}: every line must be a JSON object")
+    return rows
+
+
+def _generated(environment: str, train_size: int, validation_size: int) -> Tasks:
+    """Environments that can make their own tasks expose `generate_tasks(count, split)`."""
+    from mtrl_worker.environments.registry import environment_class
+
+    cls = environment_class(environment)
+    make = getattr(cls, "generate_tasks", None)
+    if make is None:
+        raise ValueError(
+            f"environment {environment!r} cannot generate tasks; use dataset.inline or dataset.s3"
+        )
+    return Tasks(list(make(train_size, "train")), list(make(validation_size, "validation")))

@@ -1,0 +1,108 @@
+"""Progress reports after each step: a JSON file and/or an annotation on the trainer's Pod.
+
+The operator reads the `mtrl.dev/progress` annotation and copies it into the run's status; the
+schema is the status' `progress` in camelCase plus `policyVersion`. A failed report is logged and
+never stops training: progress is advisory, checkpoints are the record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+ANNOTATION = "mtrl.dev/progress"
+
+
+@dataclass(frozen=True)
+class ComponentReport:
+    name: str
+    mean: float
+    std: float
+    zero_variance_fraction: float
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    step: int
+    total_steps: int
+    reward_mean: float | None
+    reward_std: float | None
+    success_rate: float | None
+    zero_variance_fraction: float | None
+    validation_success_rate: float | None
+    tokens_per_second: float | None
+    components: list[ComponentReport]
+    policy_version: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "totalSteps": self.total_steps,
+            "rewardMean": self.reward_mean,
+            "rewardStd": self.reward_std,
+            "successRate": self.success_rate,
+            "zeroVarianceFraction": self.zero_variance_fraction,
+            "validationSuccessRate": self.validation_success_rate,
+            "tokensPerSecond": self.tokens_per_second,
+            "components": [
+                {"name": c.name, "mean": c.mean, "std": c.std,
+                 "zeroVarianceFraction": c.zero_variance_fraction}
+                for c in self.components
+            ],
+            "policyVersion": self.policy_version,
+            "updatedAt": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        }
+
+
+class ProgressSink(Protocol):
+    def report(self, body: dict[str, Any]) -> None: ...
+
+
+class FileSink:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def report(self, body: dict[str, Any]) -> None:
+        # Write-then-rename: a reader never sees half a file.
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(body))
+        os.replace(tmp, self.path)
+
+
+class PodAnnotationSink:
+    """Merge-patches the annotation on our own Pod (in-cluster or KUBECONFIG credentials)."""
+
+    def __init__(self, name: str, namespace: str) -> None:
+        from lightkube import Client
+
+        self.name, self.namespace = name, namespace
+        self._client = Client(namespace=namespace, field_manager="mtrl-trainer")
+
+    def report(self, body: dict[str, Any]) -> None:
+        from lightkube.resources.core_v1 import Pod
+        from lightkube.types import PatchType
+
+        patch = {"metadata": {"annotations": {ANNOTATION: json.dumps(body)}}}
+        self._client.patch(Pod, self.name, patch, namespace=self.namespace,
+                           patch_type=PatchType.MERGE)
+
+
+class Progress:
+    def __init__(self, sinks: list[ProgressSink]) -> None:
+        self.sinks = sinks
+
+    def report(self, report: ProgressReport) -> None:
+        body = report.to_json()
+        for sink in self.sinks:
+            try:
+                sink.report(body)
+            except Exception:
+                log.warning("progress report to %s failed", type(sink).__name__, exc_info=True)
