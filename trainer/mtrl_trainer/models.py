@@ -20,12 +20,15 @@ from mtrl_trainer.s3 import download_prefix, parse_s3_uri
 from mtrl_trainer.tokenizer import CharChatTokenizer, ChatTokenizer, HFChatTokenizer
 
 RANDOM_PREFIX = "random:"
-# Small enough for two CPU cores, big enough to learn the target environment in a few steps.
+# Small enough for two CPU cores. The larger init scale lets a frozen random lm_head express a
+# peaked distribution at all (at 0.02 its logits span about +-1), so LoRA can learn a target.
 RANDOM_PRESETS: dict[str, dict[str, Any]] = {
     "tiny-qwen2": {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
-                   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2},
+                   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                   "initializer_range": 0.2},
     "tiny-llama": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-                   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2},
+                   "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                   "initializer_range": 0.2},
 }
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

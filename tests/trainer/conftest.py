@@ -1,0 +1,127 @@
+"""A training run against the session's moto server: the run's queues and output bucket,
+`python -m mtrl_worker` processes playing the learnable `target` environment, and the trainer
+itself as a `python -m mtrl_trainer` subprocess configured the way the operator configures it
+(a run.json at $MTRL_CONFIG plus MTRL_* variables)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from mtrl_rollout.queues import RunQueues, create_run_queues, resource_tags
+from mtrl_testbed.ports import free_port
+
+ARTIFACTS = Path(os.environ.get("MTRL_TEST_ARTIFACTS", Path(__file__).parents[2] / "out" / "test"))
+TARGET_CHAR = "a"
+
+
+def target_token_id() -> int:
+    from mtrl_trainer.tokenizer import CharChatTokenizer
+
+    return CharChatTokenizer().encode(TARGET_CHAR)[0]
+
+
+def run_spec(bucket: str, **grpo: Any) -> dict[str, Any]:
+    """A tiny learnable run: the reward is the fraction of completion tokens equal to 'a'."""
+    tasks = [{"target_token_id": str(target_token_id())} for _ in range(4)]
+    return {
+        "model": {"name": "random:tiny-qwen2", "dtype": "float32", "maxSequenceLength": 256,
+                  "lora": {"rank": 8, "alpha": 16, "dropout": 0.0}},
+        "grpo": {"groupSize": 8, "promptsPerStep": 4, "maxSteps": 12, "learningRate": 0.02,
+                 "maxNewTokens": 12, "temperature": 1.0, "lossType": "dapo", "seed": 7, **grpo},
+        "rollout": {"environment": "target", "maxTurns": 1, "episodeTimeoutSeconds": 60},
+        "dataset": {"inline": {"train": tasks, "validation": tasks[:2]}, "evalIntervalSteps": 4},
+        "output": {"s3Uri": f"s3://{bucket}/run", "checkpointIntervalSteps": 2,
+                   "keepCheckpoints": 2},
+    }
+
+
+@dataclass
+class TrainingRun:
+    run_id: str
+    prefix: str
+    queues: RunQueues
+    bucket: str
+    aws_env: dict[str, str]
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def queue_env(self) -> dict[str, str]:
+        return {
+            "MTRL_RUN_ID": self.run_id,
+            "MTRL_ROLLOUT_QUEUE_URL": self.queues.rollout_url,
+            "MTRL_RESULT_QUEUE_URL": self.queues.result_url,
+            "MTRL_GENERATE_QUEUE_URL": self.queues.generate_url,
+            "MTRL_DLQ_URL": self.queues.dlq_url,
+            "MTRL_PAYLOAD_BUCKET": self.bucket,
+        }
+
+    def _spawn(self, args: list[str], env: dict[str, str], log_name: str) -> subprocess.Popen[bytes]:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        with open(ARTIFACTS / f"{self.prefix}-{log_name}.log", "ab") as log:
+            proc = subprocess.Popen(args, env=os.environ | self.aws_env | self.queue_env() | env,
+                                    stdout=log, stderr=subprocess.STDOUT)
+        self.processes.append(proc)
+        return proc
+
+    def log(self, log_name: str) -> str:
+        return (ARTIFACTS / f"{self.prefix}-{log_name}.log").read_text(errors="replace")
+
+    def start_worker(self, name: str = "w0") -> subprocess.Popen[bytes]:
+        return self._spawn([sys.executable, "-m", "mtrl_worker"], {
+            "MTRL_ENVIRONMENT": "target",
+            "MTRL_QUEUE_PREFIX": self.prefix,
+            "MTRL_WORKER_ID": name,
+            "MTRL_HEALTH_PORT": str(free_port()),
+            "MTRL_POLL_WAIT_S": "1",
+            "MTRL_EPISODE_TIMEOUT_S": "60",
+        }, name)
+
+    def start_trainer(self, spec: dict[str, Any], name: str = "trainer") -> subprocess.Popen[bytes]:
+        config = ARTIFACTS / f"{self.prefix}-run.json"
+        config.write_text(json.dumps(spec))
+        return self._spawn([sys.executable, "-m", "mtrl_trainer"], {
+            "MTRL_CONFIG": str(config),
+            "MTRL_PROGRESS_FILE": str(self.progress_path),
+            "MTRL_COLLECT_GRACE_S": "10",
+            # Two cores shared with the worker and moto: one intra-op thread is fastest.
+            "OMP_NUM_THREADS": "1",
+        }, name)
+
+    @property
+    def progress_path(self) -> Path:
+        return ARTIFACTS / f"{self.prefix}-progress.json"
+
+    def progress(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.progress_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+
+@pytest.fixture
+def training_run(aws_env: dict[str, str]) -> Iterator[TrainingRun]:
+    prefix = f"tr-{uuid.uuid4().hex[:10]}"
+    run_id = f"uid-{prefix}"
+    queues = create_run_queues(
+        boto3.client("sqs"), prefix, resource_tags(run_id, "default", "trainer-test", "test"),
+        visibility_timeout_s=30, max_receive_count=5,
+    )
+    boto3.client("s3").create_bucket(
+        Bucket=prefix, CreateBucketConfiguration={"LocationConstraint": "us-west-2"}
+    )
+    run = TrainingRun(run_id, prefix, queues, prefix, aws_env)
+    yield run
+    for proc in run.processes:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
