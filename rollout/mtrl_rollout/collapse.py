@@ -37,9 +37,7 @@ def reward_values(result: RolloutResult) -> dict[str, float]:
     return values
 
 
-def collapse_stats(
-    results: Iterable[RolloutResult], tolerance: float = 1e-9
-) -> dict[str, ComponentStats]:
+def collapse_stats(results: Iterable[RolloutResult], tolerance: float = 1e-9) -> dict[str, ComponentStats]:
     groups: dict[str, list[Mapping[str, float]]] = defaultdict(list)
     for result in results:
         groups[result.group_id].append(reward_values(result))
@@ -91,8 +89,6 @@ class CollapseDetector:
             else:
                 self._streaks[name] = 0
         collapsed = frozenset(n for n, s in self._streaks.items() if s >= self.patience)
-        transition = CollapseTransition(
-            collapsed, collapsed - self._collapsed, self._collapsed - collapsed
-        )
+        transition = CollapseTransition(collapsed, collapsed - self._collapsed, self._collapsed - collapsed)
         self._collapsed = collapsed
         return transition

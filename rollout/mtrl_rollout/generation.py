@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from mtrl_rollout.batching import Outbox
 from mtrl_rollout.deadletter import dead_letter
-from mtrl_rollout.offload import Codec
+from mtrl_rollout.offload import Codec, PayloadTooLarge
 from mtrl_rollout.protocol import GenerateRequest, GenerateResponse, ProtocolError
 from mtrl_rollout.sqs import Outgoing, Received, Sqs
 
@@ -121,11 +121,12 @@ class GenerationServer:
             *(self._reply(req, resp, msg) for (req, msg), resp in zip(live, responses, strict=True))
         )
 
-    async def _reply(
-        self, request: GenerateRequest, response: GenerateResponse, message: Received
-    ) -> None:
+    async def _reply(self, request: GenerateRequest, response: GenerateResponse, message: Received) -> None:
         try:
-            body = await self._codec.to_body(response)
+            try:
+                body = await self._codec.to_body(response)
+            except PayloadTooLarge as exc:  # fail the episode now rather than at its timeout
+                body = await self._codec.to_body(error_response(request, str(exc)))
             await self._outbox.send(request.reply_queue_url, Outgoing(body))
         except Exception:
             # The worker's reply queue is gone (it drained or died): its episode is over.

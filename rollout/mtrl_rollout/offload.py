@@ -67,9 +67,7 @@ class Codec:
         if self.s3 is None:
             raise ProtocolError("payload pointer received but no S3 client configured")
         try:
-            reply = await asyncio.to_thread(
-                self.s3.get_object, Bucket=message.bucket, Key=message.key
-            )
+            reply = await asyncio.to_thread(self.s3.get_object, Bucket=message.bucket, Key=message.key)
             data = await asyncio.to_thread(reply["Body"].read)
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")

@@ -253,9 +253,7 @@ def parse_message(raw: str | bytes) -> Message:
         raise ProtocolError(f"expected a JSON object, got {type(obj).__name__}")
     version = obj.get("protocol_version")
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(
-            f"unsupported protocol_version {version!r}, expected {PROTOCOL_VERSION}"
-        )
+        raise ProtocolError(f"unsupported protocol_version {version!r}, expected {PROTOCOL_VERSION}")
     try:
         return _MESSAGE.validate_python(obj)
     except ValidationError as exc:

@@ -62,9 +62,7 @@ class RunQueues:
     dlq_url: str
 
 
-def create_queue(
-    sqs: Any, name: str, tags: dict[str, str], attributes: dict[str, str] | None = None
-) -> str:
+def create_queue(sqs: Any, name: str, tags: dict[str, str], attributes: dict[str, str] | None = None) -> str:
     """Create (or find) a queue. CreateQueue is idempotent for identical attributes and tags; a
     name deleted less than 60 s ago is refused by SQS, so wait that out rather than fail."""
     deadline = time.monotonic() + 70

@@ -108,17 +108,14 @@ class Sqs:
 
     async def delete_batch(self, queue_url: str, receipts: Sequence[str]) -> list[BatchFailure]:
         entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts)]
-        reply = await self.call(
-            self.client.delete_message_batch, QueueUrl=queue_url, Entries=entries
-        )
+        reply = await self.call(self.client.delete_message_batch, QueueUrl=queue_url, Entries=entries)
         return _failures(reply)
 
     async def change_visibility_batch(
         self, queue_url: str, receipts: Sequence[str], timeout_s: int
     ) -> list[BatchFailure]:
         entries = [
-            {"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": timeout_s}
-            for i, r in enumerate(receipts)
+            {"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": timeout_s} for i, r in enumerate(receipts)
         ]
         reply = await self.call(
             self.client.change_message_visibility_batch, QueueUrl=queue_url, Entries=entries

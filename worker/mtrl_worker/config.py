@@ -13,8 +13,9 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from mtrl_rollout.offload import DEFAULT_THRESHOLD_BYTES
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from mtrl_rollout.offload import DEFAULT_THRESHOLD_BYTES
 
 PREFIX = "MTRL_"
 
@@ -50,9 +51,7 @@ class WorkerConfig(BaseModel):
     concurrency: int = Field(default=64, gt=0, description="Episodes run at once.")
     episode_timeout_s: float = Field(default=600, gt=0, description="Per-episode time limit.")
     max_turns: int = Field(default=16, gt=0, description="Model turns per episode.")
-    generate_timeout_s: float = Field(
-        default=300, gt=0, description="Longest wait for one generation."
-    )
+    generate_timeout_s: float = Field(default=300, gt=0, description="Longest wait for one generation.")
     health_port: int = Field(default=8080, ge=0, le=65535, description="/healthz, /readyz; 0 off.")
     proxy_port: int = Field(
         default=0, ge=0, le=65535, description="OpenAI-compatible proxy on 127.0.0.1; 0: any."

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from mtrl_rollout.protocol import MetricEntry, RolloutRequest, RolloutResult, StopReason, TurnRecord
-
 from mtrl_worker.environments.base import (
     Environment,
     EpisodeLimitReached,

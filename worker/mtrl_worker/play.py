@@ -14,7 +14,6 @@ import sys
 from collections.abc import Sequence
 
 from mtrl_rollout.protocol import ChatMessage, RewardSpec, RolloutRequest, StopReason, TurnRecord
-
 from mtrl_worker.environments.base import Completion, EpisodeLimitReached
 from mtrl_worker.environments.registry import available, environment_class
 from mtrl_worker.episode import run_episode
@@ -74,18 +73,12 @@ def _parser() -> argparse.ArgumentParser:
         env_parser = sub.add_parser(name, help=summary)
         cls.add_play_arguments(env_parser)
         env_parser.add_argument("--max-turns", type=int, default=16)
-        env_parser.add_argument(
-            "--env-args", type=json.loads, default={}, help="JSON environment arguments"
-        )
-        env_parser.add_argument(
-            "--weights", type=json.loads, default={}, help="JSON reward weight overrides"
-        )
+        env_parser.add_argument("--env-args", type=json.loads, default={}, help="JSON environment arguments")
+        env_parser.add_argument("--weights", type=json.loads, default={}, help="JSON reward weight overrides")
         env_parser.add_argument(
             "--reward-range", type=float, nargs=2, default=(0.0, 1.0), metavar=("MIN", "MAX")
         )
-        env_parser.add_argument(
-            "--transcript", action="store_true", help="include the last prompt messages"
-        )
+        env_parser.add_argument("--transcript", action="store_true", help="include the last prompt messages")
     return parser
 
 

@@ -14,8 +14,8 @@ import uuid
 from typing import Any
 
 from aiohttp import web
-from mtrl_rollout.protocol import ChatMessage
 
+from mtrl_rollout.protocol import ChatMessage
 from mtrl_worker.environments.base import Completion, EpisodeLimitReached
 from mtrl_worker.policy import GenerationError
 from mtrl_worker.session import EpisodeSession
@@ -64,8 +64,7 @@ def completion_body(completion: Completion, model: str, logprobs: bool) -> dict[
     if logprobs:
         choice["logprobs"] = {
             "content": [
-                {"token": "", "logprob": lp, "bytes": None, "top_logprobs": []}
-                for lp in completion.logprobs
+                {"token": "", "logprob": lp, "bytes": None, "top_logprobs": []} for lp in completion.logprobs
             ]
         }
     return {

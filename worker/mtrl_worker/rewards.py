@@ -67,11 +67,8 @@ def compose(
         hi += max(w * c.low, w * c.high)
     r_min, r_max = reward_range
     aggregate = r_min if hi == lo else r_min + (total - lo) / (hi - lo) * (r_max - r_min)
-    entries = [
-        MetricEntry(name=c.name, value=score.components[c.name], type="Reward") for c in components
-    ]
+    entries = [MetricEntry(name=c.name, value=score.components[c.name], type="Reward") for c in components]
     entries += [
-        MetricEntry(name=name, value=float(value), type="Metric")
-        for name, value in score.metrics.items()
+        MetricEntry(name=name, value=float(value), type="Metric") for name, value in score.metrics.items()
     ]
     return aggregate, entries

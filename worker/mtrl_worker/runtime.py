@@ -32,7 +32,6 @@ from mtrl_rollout.queues import (
     resource_tags,
 )
 from mtrl_rollout.sqs import MAX_BATCH, Outgoing, Received, Sqs, aws_client
-
 from mtrl_worker.config import WorkerConfig
 from mtrl_worker.environments.base import Environment
 from mtrl_worker.environments.registry import load_environment
@@ -207,9 +206,7 @@ class Worker:
             if request.run_id != self.config.run_id:
                 raise ProtocolError(f"request for run {request.run_id}, not {self.config.run_id}")
         except ProtocolError as exc:
-            await dead_letter(
-                self._sqs, self.config.dlq_url, message, f"malformed rollout request: {exc}"
-            )
+            await dead_letter(self._sqs, self.config.dlq_url, message, f"malformed rollout request: {exc}")
             return
         key = request.sample_id
         if key in self._finished:
@@ -229,9 +226,7 @@ class Worker:
         self._slot_freed.set()
 
     # -- episodes ----------------------------------------------------------------------------
-    async def _play(
-        self, key: str, request: RolloutRequest, pointer: PayloadPointer | None
-    ) -> None:
+    async def _play(self, key: str, request: RolloutRequest, pointer: PayloadPointer | None) -> None:
         c = self.config
         max_turns = request.max_turns or c.max_turns
         timeout_s = request.episode_timeout_s or c.episode_timeout_s

@@ -21,7 +21,6 @@ from mtrl_rollout.protocol import (
     StopReason,
     TurnRecord,
 )
-
 from mtrl_worker.environments.base import Completion, EpisodeLimitReached
 
 

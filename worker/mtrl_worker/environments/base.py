@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
 from mtrl_rollout.protocol import ChatMessage, StopReason
-
 from mtrl_worker.rewards import RewardComponent, Score
 
 

@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from mtrl_rollout.protocol import ChatMessage
-
 from mtrl_worker.environments.base import Environment, Episode, EpisodeLimits, Policy
 from mtrl_worker.environments.coding_tasks import TASKS_BY_ID, CodingTask
 from mtrl_worker.environments.sandbox import SandboxResult, run_tests
@@ -113,9 +112,7 @@ class CodingEpisode(Episode):
 class CodingEnvironment(Environment):
     name = "coding"
     components = (
-        RewardComponent(
-            "correct_code", 1.0, 0.0, 1.0, "outcome", "Fraction of hidden unit tests passed."
-        ),
+        RewardComponent("correct_code", 1.0, 0.0, 1.0, "outcome", "Fraction of hidden unit tests passed."),
         RewardComponent(
             "asked_before_coding",
             0.3,
@@ -132,9 +129,7 @@ class CodingEnvironment(Environment):
             "penalty",
             "-1 if code was committed on the first turn without any question.",
         ),
-        RewardComponent(
-            "failed_to_commit", 0.5, -1.0, 0.0, "penalty", "-1 if no code was ever committed."
-        ),
+        RewardComponent("failed_to_commit", 0.5, -1.0, 0.0, "penalty", "-1 if no code was ever committed."),
     )
 
     def __init__(self, test_timeout_s: float = 5.0, memory_mb: int = 256) -> None:
@@ -145,9 +140,7 @@ class CodingEnvironment(Environment):
         task_id = str(task["task_id"])
         if task_id not in TASKS_BY_ID:
             raise ValueError(f"unknown coding task {task_id!r}; known: {sorted(TASKS_BY_ID)}")
-        return CodingEpisode(
-            TASKS_BY_ID[task_id], limits.max_turns, self.test_timeout_s, self.memory_mb
-        )
+        return CodingEpisode(TASKS_BY_ID[task_id], limits.max_turns, self.test_timeout_s, self.memory_mb)
 
     @classmethod
     def add_play_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -155,9 +148,7 @@ class CodingEnvironment(Environment):
         parser.add_argument("--ask", action="append", default=[], help="a question, in order")
         group = parser.add_mutually_exclusive_group()
         group.add_argument("--code-file", help="commit this file's code after the questions")
-        group.add_argument(
-            "--reference", action="store_true", help="commit the task's reference solution"
-        )
+        group.add_argument("--reference", action="store_true", help="commit the task's reference solution")
 
     @classmethod
     def play_script(cls, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:

@@ -91,8 +91,7 @@ TASKS: tuple[CodingTask, ...] = (
     ),
     CodingTask(
         id="parse_duration",
-        description="Write `parse_duration(text)` that parses a duration like '1h30m' into "
-        "seconds.",
+        description="Write `parse_duration(text)` that parses a duration like '1h30m' into seconds.",
         facts=(
             Fact(
                 ("unit", "suffix", "h", "hour", "second"),
@@ -126,8 +125,7 @@ TASKS: tuple[CodingTask, ...] = (
     ),
     CodingTask(
         id="price_with_tax",
-        description="Write `price_with_tax(amount, region)` that returns the price including "
-        "sales tax.",
+        description="Write `price_with_tax(amount, region)` that returns the price including sales tax.",
         facts=(
             Fact(
                 ("rate", "percent", "tax", "region", "state"),
@@ -162,9 +160,7 @@ TASKS: tuple[CodingTask, ...] = (
                 ("case", "upper", "lower", "punctuation"),
                 "Case-insensitive; words are runs of letters a-z, everything else separates them.",
             ),
-            Fact(
-                ("tie", "order", "sort", "equal"), "Higher count first; ties in alphabetical order."
-            ),
+            Fact(("tie", "order", "sort", "equal"), "Higher count first; ties in alphabetical order."),
         ),
         tests=(
             ("top_words('b a b c a b')", "[('b', 3), ('a', 2), ('c', 1)]"),

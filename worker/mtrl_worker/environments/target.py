@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from mtrl_rollout.protocol import ChatMessage
-
 from mtrl_worker.environments.base import Completion, Environment, Episode, EpisodeLimits, Policy
 from mtrl_worker.rewards import RewardComponent, Score
 

@@ -25,7 +25,6 @@ from importlib import resources
 from typing import Any
 
 from mtrl_rollout.protocol import ChatMessage
-
 from mtrl_worker.environments.base import Environment, Episode, EpisodeLimits, Policy
 from mtrl_worker.rewards import RewardComponent, Score
 
@@ -165,12 +164,8 @@ class WordleEnvironment(Environment):
     name = "wordle"
     components = (
         RewardComponent("solved", 1.0, 0.0, 1.0, "outcome", "1 if the secret was found."),
-        RewardComponent(
-            "speed", 1.0, 0.0, 1.0, "outcome", "(T - turns + 1) / T for a win, else 0."
-        ),
-        RewardComponent(
-            "made_valid_guess", 0.25, 0.0, 1.0, "behaviour", "1 if any guess was a valid word."
-        ),
+        RewardComponent("speed", 1.0, 0.0, 1.0, "outcome", "(T - turns + 1) / T for a win, else 0."),
+        RewardComponent("made_valid_guess", 0.25, 0.0, 1.0, "behaviour", "1 if any guess was a valid word."),
         RewardComponent(
             "letter_progress",
             0.2,
@@ -193,9 +188,7 @@ class WordleEnvironment(Environment):
     @classmethod
     def add_play_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--secret", required=True, help="the secret word")
-        parser.add_argument(
-            "--guess", action="append", default=[], help="one reply per turn, in order"
-        )
+        parser.add_argument("--guess", action="append", default=[], help="one reply per turn, in order")
 
     @classmethod
     def play_script(cls, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
