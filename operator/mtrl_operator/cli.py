@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 
@@ -25,16 +24,22 @@ def _crds(args: argparse.Namespace) -> int:
     return 0
 
 
-def _delegate(target: str) -> Callable[[argparse.Namespace], int]:
-    """Hand the remaining arguments to `module:function(argv) -> int`."""
+# Subcommands whose own parser takes the remaining arguments: name -> (module:function, help).
+DELEGATES = {
+    "operator": ("mtrl_operator.main:main", "run the operator (kopf)"),
+    "worker": ("mtrl_worker.__main__:main", "run a reward worker"),
+    "env": ("mtrl_worker.play:env_main", "environment tools: `mtrl env play wordle ...`"),
+    "trainer": ("mtrl_trainer.__main__:main", "run the reference GRPO+LoRA trainer"),
+    "cluster": ("mtrl_testbed.__main__:main", "local control plane: up | down | moto"),
+}
 
-    def run(args: argparse.Namespace) -> int:
-        import importlib
 
-        module, func = target.split(":")
-        return int(getattr(importlib.import_module(module), func)(args.rest) or 0)
+def _delegate(name: str, argv: list[str]) -> int:
+    import importlib
 
-    return run
+    module, func = DELEGATES[name][0].split(":")
+    sys.argv = [f"mtrl {name}", *argv]  # for parsers that fall back to sys.argv
+    return int(getattr(importlib.import_module(module), func)(argv) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,17 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     crds.add_argument("--check", action="store_true", help="exit 1 if crds/ is stale")
     crds.set_defaults(func=_crds)
 
-    for name, target, text in (
-        ("operator", "mtrl_operator.main:main", "run the operator (kopf)"),
-        ("worker", "mtrl_worker.__main__:main", "run a reward worker"),
-        ("env", "mtrl_worker.play:env_main", "environment tools: `mtrl env play wordle ...`"),
-        ("trainer", "mtrl_trainer.__main__:main", "run the reference GRPO+LoRA trainer"),
-        ("cluster", "mtrl_testbed.__main__:main", "local control plane: up | down | moto"),
-    ):
-        p = sub.add_parser(name, help=text, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=_delegate(target))
+    for name, (_, text) in DELEGATES.items():
+        sub.add_parser(name, help=text, add_help=False)
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in DELEGATES:
+        return _delegate(argv[0], argv[1:])
     args = parser.parse_args(argv)
     return int(args.func(args))
 

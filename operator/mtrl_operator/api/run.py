@@ -506,6 +506,9 @@ class Progress(ApiModel):
     """Per reward component statistics of the latest step."""
     updated_at: datetime | None = None
     """When the trainer last reported."""
+    collapse_streak: int = Field(0, ge=0)
+    """Consecutive reported steps whose zeroVarianceFraction was at or above
+    reward.collapse.zeroVarianceThreshold."""
 
 
 class WorkersStatus(ApiModel):

@@ -1,0 +1,242 @@
+"""SQS and ECS calls: boto3 clients run in threads, with botocore's standard retries.
+
+Every create is preceded by a look-up of what the deterministic name or `startedBy` says
+should exist, so a repeated call after a crash finds the first result instead of making a
+second. (moto ignores ECS client tokens; real ECS honours them as a second line of defence.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from mtrl_operator import metrics
+from mtrl_operator.adapters import crashpoints
+from mtrl_operator.builders.queues import DLQ, WORK_QUEUES, QueueRequest
+from mtrl_operator.naming import (
+    MANAGED_BY,
+    QUEUE_ROLES,
+    TAG_MANAGED_BY,
+    TAG_OPERATOR_ID,
+    TAG_RUN_UID,
+    RunNames,
+)
+
+log = logging.getLogger("mtrl.aws")
+
+RETRY_CONFIG = Config(retries={"max_attempts": 8, "mode": "standard"}, connect_timeout=5,
+                      read_timeout=30, max_pool_connections=32)
+_GONE = ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist",
+         "ClientException", "InvalidParameterException")
+
+
+@dataclass(frozen=True)
+class Queue:
+    role: str
+    url: str
+    arn: str
+
+
+@dataclass(frozen=True)
+class WorkerTask:
+    arn: str
+    last_status: str
+    desired_status: str
+    health: str
+
+    @property
+    def live(self) -> bool:
+        return self.desired_status == "RUNNING" and self.last_status not in ("STOPPED",
+                                                                           "DEPROVISIONING")
+
+    @property
+    def ready(self) -> bool:
+        return self.live and self.last_status == "RUNNING" and self.health != "UNHEALTHY"
+
+
+def _queue_role(names: RunNames, url: str) -> str | None:
+    name = url.rsplit("/", 1)[-1]
+    for role in QUEUE_ROLES:
+        if name == names.queue(role):
+            return role
+    return None
+
+
+class Aws:
+    def __init__(self, region: str) -> None:
+        session = boto3.session.Session(region_name=region)
+        self.region = region
+        self.sqs = session.client("sqs", config=RETRY_CONFIG)
+        self.ecs = session.client("ecs", config=RETRY_CONFIG)
+        self.tagging = session.client("resourcegroupstaggingapi", config=RETRY_CONFIG)
+
+    async def _call(self, client: Any, op: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            return await asyncio.to_thread(getattr(client, op), **kwargs)
+        except ClientError as exc:
+            metrics.CLOUD_ERRORS.labels(operation=op,
+                                        code=exc.response["Error"].get("Code", "?")).inc()
+            raise
+
+    # ------------------------------------------------------------------ queues
+
+    async def queues(self, names: RunNames) -> dict[str, str]:
+        """role -> URL of the run's queues that exist (reply queues of workers excluded)."""
+        resp = await self._call(self.sqs, "list_queues", QueueNamePrefix=names.aws_prefix,
+                                MaxResults=1000)
+        out = {}
+        for url in resp.get("QueueUrls", []):
+            role = _queue_role(names, url)
+            if role:
+                out[role] = url
+        return out
+
+    async def _create_queue(self, req: QueueRequest) -> str:
+        resp = await self._call(self.sqs, "create_queue", QueueName=req.name,
+                                Attributes=req.attributes, tags=req.tags)
+        crashpoints.step(f"create_queue {req.name}")
+        metrics.RESOURCES_CREATED.labels(kind="queue").inc()
+        return resp["QueueUrl"]
+
+    async def queue_arn(self, url: str) -> str:
+        resp = await self._call(self.sqs, "get_queue_attributes", QueueUrl=url,
+                                AttributeNames=["QueueArn"])
+        return resp["Attributes"]["QueueArn"]
+
+    async def ensure_queues(self, names: RunNames, dlq_req: QueueRequest,
+                            work_req: Any) -> list[Queue]:
+        """Create the dead-letter queue, then the work queues that redrive into it.
+        `work_req(role, dlq_arn)` builds each work queue's request. CreateQueue with the same
+        name and attributes returns the existing queue, so this is safe to repeat."""
+        existing = await self.queues(names)
+        dlq_url = existing.get(DLQ) or await self._create_queue(dlq_req)
+        dlq_arn = await self.queue_arn(dlq_url)
+        out = [Queue(DLQ, dlq_url, dlq_arn)]
+        for role in WORK_QUEUES:
+            req = work_req(role, dlq_arn)
+            url = existing.get(role) or await self._create_queue(req)
+            out.append(Queue(role, url, f"{dlq_arn.rsplit(':', 1)[0]}:{req.name}"))
+        return out
+
+    async def delete_queues(self, names: RunNames) -> int:
+        """Delete every queue under the run's prefix, workers' reply queues included."""
+        resp = await self._call(self.sqs, "list_queues", QueueNamePrefix=names.aws_prefix,
+                                MaxResults=1000)
+        urls = resp.get("QueueUrls", [])
+        for url in urls:
+            await self._delete_queue(url)
+        return len(urls)
+
+    async def _delete_queue(self, url: str) -> None:
+        try:
+            await self._call(self.sqs, "delete_queue", QueueUrl=url)
+        except ClientError as exc:
+            if exc.response["Error"].get("Code") not in _GONE:
+                raise
+        crashpoints.step(f"delete_queue {url}")
+        metrics.RESOURCES_DELETED.labels(kind="queue").inc()
+
+    # ------------------------------------------------------------------ ECS
+
+    async def active_task_definitions(self, names: RunNames) -> list[str]:
+        resp = await self._call(self.ecs, "list_task_definitions", familyPrefix=names.task_family,
+                                status="ACTIVE", sort="DESC")
+        return [arn for arn in resp.get("taskDefinitionArns", [])
+                if arn.rsplit("/", 1)[-1].rsplit(":", 1)[0] == names.task_family]
+
+    async def ensure_task_definition(self, names: RunNames, body: dict[str, Any]) -> str:
+        active = await self.active_task_definitions(names)
+        if active:
+            return active[0]
+        resp = await self._call(self.ecs, "register_task_definition", **body)
+        crashpoints.step(f"register_task_definition {names.task_family}")
+        metrics.RESOURCES_CREATED.labels(kind="task-definition").inc()
+        return resp["taskDefinition"]["taskDefinitionArn"]
+
+    async def deregister_task_definitions(self, names: RunNames) -> int:
+        active = await self.active_task_definitions(names)
+        for arn in active:
+            await self._call(self.ecs, "deregister_task_definition", taskDefinition=arn)
+            crashpoints.step(f"deregister_task_definition {arn}")
+            metrics.RESOURCES_DELETED.labels(kind="task-definition").inc()
+        return len(active)
+
+    async def worker_tasks(self, names: RunNames, cluster: str) -> list[WorkerTask]:
+        arns: list[str] = []
+        for desired in ("RUNNING", "STOPPED"):
+            resp = await self._call(self.ecs, "list_tasks", cluster=cluster,
+                                    startedBy=names.started_by, desiredStatus=desired)
+            arns += resp.get("taskArns", [])
+        if not arns:
+            return []
+        tasks = []
+        for i in range(0, len(arns), 100):
+            resp = await self._call(self.ecs, "describe_tasks", cluster=cluster,
+                                    tasks=arns[i:i + 100])
+            tasks += [WorkerTask(t["taskArn"], t.get("lastStatus", ""),
+                                 t.get("desiredStatus", ""), t.get("healthStatus", "UNKNOWN"))
+                      for t in resp.get("tasks", [])]
+        return tasks
+
+    async def run_tasks(self, requests: list[dict[str, Any]]) -> list[str]:
+        started = []
+        for req in requests:
+            resp = await self._call(self.ecs, "run_task", **req)
+            crashpoints.step(f"run_task {req['clientToken']}")
+            metrics.RESOURCES_CREATED.labels(kind="task").inc(len(resp.get("tasks", [])))
+            started += [t["taskArn"] for t in resp.get("tasks", [])]
+            if resp.get("failures"):
+                log.warning("run_task failures: %s", resp["failures"])
+        return started
+
+    async def stop_tasks(self, cluster: str, arns: list[str]) -> None:
+        for arn in arns:
+            await self._call(self.ecs, "stop_task", cluster=cluster, task=arn,
+                             reason="mtrl: run finished, suspended or deleted")
+            crashpoints.step(f"stop_task {arn}")
+            metrics.RESOURCES_DELETED.labels(kind="task").inc()
+
+    # ------------------------------------------------------------------ sweeping
+
+    async def tagged(self, operator_id: str) -> dict[str, list[str]]:
+        """run UID -> ARNs of resources this operator tagged (queues, tasks, definitions)."""
+        by_run: dict[str, list[str]] = defaultdict(list)
+        token = ""
+        while True:
+            kwargs: dict[str, Any] = {
+                "TagFilters": [{"Key": TAG_MANAGED_BY, "Values": [MANAGED_BY]},
+                               {"Key": TAG_OPERATOR_ID, "Values": [operator_id]}],
+                "ResourceTypeFilters": ["sqs", "ecs:task", "ecs:task-definition"],
+                "ResourcesPerPage": 100}
+            if token:
+                kwargs["PaginationToken"] = token
+            resp = await self._call(self.tagging, "get_resources", **kwargs)
+            for item in resp.get("ResourceTagMappingList", []):
+                tags = {t["Key"]: t["Value"] for t in item.get("Tags", [])}
+                if TAG_RUN_UID in tags:
+                    by_run[tags[TAG_RUN_UID]].append(item["ResourceARN"])
+            token = resp.get("PaginationToken", "")
+            if not token:
+                return dict(by_run)
+
+    async def delete_by_arn(self, arn: str, cluster: str) -> None:
+        """Delete one swept resource, whatever its kind."""
+        service = arn.split(":")[2]
+        if service == "sqs":
+            account, name = arn.split(":")[4], arn.split(":")[5]
+            resp = await self._call(self.sqs, "get_queue_url", QueueName=name,
+                                    QueueOwnerAWSAccountId=account)
+            await self._delete_queue(resp["QueueUrl"])
+        elif ":task-definition/" in arn:
+            await self._call(self.ecs, "deregister_task_definition", taskDefinition=arn)
+            metrics.RESOURCES_DELETED.labels(kind="task-definition").inc()
+        elif ":task/" in arn:
+            task_cluster = arn.split("/")[1] if arn.count("/") >= 2 else cluster
+            await self.stop_tasks(task_cluster, [arn])

@@ -1,0 +1,122 @@
+"""Kubernetes calls through lightkube's async client: create-if-absent, delete, status."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from lightkube import AsyncClient, codecs
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import Event as CoreEvent
+from lightkube.types import CascadeType, PatchType
+
+from mtrl_operator import metrics
+from mtrl_operator.adapters import crashpoints
+from mtrl_operator.api import API_VERSION, GROUP, VERSION
+
+log = logging.getLogger("mtrl.kube")
+FIELD_MANAGER = "mtrl-operator"
+
+MultiTurnRLRun = create_namespaced_resource(GROUP, VERSION, "MultiTurnRLRun", "multiturnrlruns")
+PyTorchJob = create_namespaced_resource("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs")
+HyperPodPyTorchJob = create_namespaced_resource("sagemaker.amazonaws.com", "v1",
+                                                "HyperPodPyTorchJob", "hyperpodpytorchjobs")
+
+
+def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
+    """Children are owned by the run: Kubernetes' garbage collector is the last safety net."""
+    return {"apiVersion": API_VERSION, "kind": "MultiTurnRLRun",
+            "name": body["metadata"]["name"], "uid": body["metadata"]["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+class Kube:
+    def __init__(self, client: AsyncClient | None = None) -> None:
+        self.client = client or AsyncClient(field_manager=FIELD_MANAGER)
+
+    async def create(self, manifest: dict[str, Any]) -> bool:
+        """Create unless it exists; True when this call created it."""
+        obj = codecs.from_dict(manifest)
+        try:
+            await self.client.create(obj)
+        except ApiError as exc:
+            if exc.status.code == 409:
+                return False
+            raise
+        crashpoints.step(f"create {manifest['kind']} {manifest['metadata']['name']}")
+        metrics.RESOURCES_CREATED.labels(kind=manifest["kind"]).inc()
+        return True
+
+    async def delete(self, resource: Any, name: str, namespace: str) -> None:
+        """Delete in the background (children follow); a missing object is already deleted."""
+        try:
+            await self.client.delete(resource, name, namespace=namespace,
+                                     cascade=CascadeType.BACKGROUND, grace_period=None)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+            return
+        crashpoints.step(f"delete {resource.__name__} {name}")
+        metrics.RESOURCES_DELETED.labels(kind=resource.__name__).inc()
+
+    async def delete_collection(self, resource: Any, namespace: str, labels: dict[str, str]) -> None:
+        async for obj in self.client.list(resource, namespace=namespace, labels=labels):
+            await self.delete(resource, obj.metadata.name, namespace)
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        await self.client.patch(MultiTurnRLRun.Status, name, {"status": status},
+                                namespace=namespace, patch_type=PatchType.MERGE)
+
+    async def set_finalizers(self, namespace: str, name: str, finalizers: list[str],
+                             resource_version: str) -> None:
+        """Optimistic: a stale resourceVersion fails with 409 and the reconcile runs again."""
+        await self.client.patch(MultiTurnRLRun, name, {"metadata": {
+            "finalizers": finalizers, "resourceVersion": resource_version}},
+            namespace=namespace, patch_type=PatchType.MERGE)
+
+    async def delete_run(self, namespace: str, name: str, uid: str) -> None:
+        try:
+            await self.client.delete(MultiTurnRLRun, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+
+    async def run_uids(self, namespaces: list[str]) -> set[str]:
+        """UIDs of every run that exists now: read from the server, not from a cache, because
+        the sweeper deletes whatever is not in this set."""
+        uids: set[str] = set()
+        for ns in namespaces or ["*"]:
+            async for run in self.client.list(MultiTurnRLRun, namespace=ns):
+                uids.add(run.metadata.uid)
+        return uids
+
+    async def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = body["metadata"]
+        now = datetime.now(UTC)
+        event = CoreEvent.from_dict({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+                         "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": API_VERSION, "kind": "MultiTurnRLRun",
+                               "name": meta["name"], "namespace": meta["namespace"],
+                               "uid": meta["uid"]},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER, "reportingInstance": FIELD_MANAGER,
+            "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "count": 1,
+        })
+        try:
+            await self.client.create(event)
+        except ApiError as exc:  # an event is best effort: a terminating namespace refuses it
+            log.debug("event not posted: %s", exc)
+
+    async def watch(self, resource: Any, labels: dict[str, Any],
+                    namespace: str = "*") -> AsyncIterator[tuple[str, Any]]:
+        async for event, obj in self.client.watch(resource, namespace=namespace, labels=labels,
+                                                  server_timeout=240):
+            yield event, obj

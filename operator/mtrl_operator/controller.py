@@ -1,0 +1,421 @@
+"""The controller: caches of watched objects, the work queue, and the reconcile that glues
+observation, `reconcile.decide` and the actions together.
+
+Runs arrive from kopf's watch; the run's children (trainer workloads, worker Deployments,
+progress ConfigMaps) from label-selected watches; AWS state is read per reconcile. A
+reconcile never lists the cluster: it reads caches, so its cost per run stays flat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections import defaultdict
+from typing import Any
+
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import ConfigMap, Service
+from pydantic import ValidationError
+
+from mtrl_operator import metrics
+from mtrl_operator.adapters.aws import Aws, WorkerTask
+from mtrl_operator.adapters.kube import HyperPodPyTorchJob, Kube, PyTorchJob, owner_reference
+from mtrl_operator.api.run import (
+    MultiTurnRLRunSpec,
+    MultiTurnRLRunStatus,
+    Phase,
+    QueueRef,
+    ResourceRefs,
+    WorkerBackend,
+)
+from mtrl_operator.builders import queues as queue_builders
+from mtrl_operator.builders import trainer as trainer_builders
+from mtrl_operator.builders import workers as worker_builders
+from mtrl_operator.builders.env import trainer_env, worker_env
+from mtrl_operator.naming import (
+    ANNOTATION_FORCE_RELEASE,
+    FINALIZER,
+    LABEL_ATTEMPT,
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    LABEL_RUN_UID,
+    MANAGED_BY,
+    RunNames,
+)
+from mtrl_operator.observe import progress_from_configmap, spec_problem, trainer_state
+from mtrl_operator.reconcile import Act, Decision, Observed, TrainerObserved, decide
+from mtrl_operator.settings import Settings
+from mtrl_operator.workqueue import WorkQueue
+
+log = logging.getLogger("mtrl.controller")
+
+Key = tuple[str, str]  # (namespace, name)
+TRAINER_KINDS = {"Job": Job, "PyTorchJob": PyTorchJob, "HyperPodPyTorchJob": HyperPodPyTorchJob}
+
+
+def _http_status(exc: Exception) -> int | None:
+    if isinstance(exc, ApiError):
+        return exc.status.code
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None)
+
+
+def _dump(obj: Any) -> dict[str, Any]:
+    return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+
+
+class Controller:
+    def __init__(self, settings: Settings, kube: Kube, aws: Aws) -> None:
+        self.settings = settings
+        self.kube = kube
+        self.aws = aws
+        self.runs: dict[Key, dict[str, Any]] = {}
+        self.keys_by_uid: dict[str, Key] = {}
+        # run UID -> {(kind, name): object}
+        self.trainers: dict[str, dict[tuple[str, str], dict[str, Any]]] = defaultdict(dict)
+        self.deployments: dict[str, dict[str, Any]] = {}
+        self.progress: dict[str, dict[str, Any]] = {}
+        self.queue: WorkQueue | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self.queue = WorkQueue(self.reconcile, workers=self.settings.workers)
+        selector = {LABEL_MANAGED_BY: MANAGED_BY}
+        for resource, component in ((Job, "trainer"), (PyTorchJob, "trainer"),
+                                    (HyperPodPyTorchJob, "trainer"), (Deployment, "worker"),
+                                    (ConfigMap, "progress")):
+            labels = {**selector, LABEL_COMPONENT: component}
+            self._tasks.append(asyncio.create_task(self._watch_children(resource, labels)))
+        if self.settings.sweep_interval_seconds > 0:
+            self._tasks.append(asyncio.create_task(self._sweep_forever()))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.queue:
+            await self.queue.stop()
+
+    # ------------------------------------------------------------------ events in
+
+    def on_run(self, event_type: str | None, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if event_type == "DELETED":
+            self.runs.pop(key, None)
+            self.keys_by_uid.pop(meta["uid"], None)
+            for cache in (self.trainers, self.deployments, self.progress):
+                cache.pop(meta["uid"], None)
+            if self.queue:
+                self.queue.forget(key)
+            return
+        self.runs[key] = body
+        self.keys_by_uid[meta["uid"]] = key
+        if self.queue:
+            self.queue.add(key)
+
+    def on_child(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid = (meta.get("labels") or {}).get(LABEL_RUN_UID)
+        if not uid:
+            return
+        gone = event_type == "DELETED"
+        if kind in TRAINER_KINDS:
+            if gone:
+                self.trainers[uid].pop((kind, meta["name"]), None)
+            else:
+                self.trainers[uid][(kind, meta["name"])] = obj
+        elif kind == "Deployment":
+            if gone:
+                self.deployments.pop(uid, None)
+            else:
+                self.deployments[uid] = obj
+        elif kind == "ConfigMap":
+            if gone:
+                self.progress.pop(uid, None)
+            else:
+                self.progress[uid] = obj
+        key = self.keys_by_uid.get(uid)
+        if key and self.queue:
+            self.queue.add(key)
+
+    async def _watch_children(self, resource: Any, labels: dict[str, str]) -> None:
+        kind = resource.__name__
+        while True:
+            try:
+                async for event, obj in self.kube.watch(resource, labels=labels):
+                    self.on_child(kind, event, _dump(obj))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a cut stream: re-watch (the server re-lists)
+                if _http_status(exc) == 404:  # e.g. no PyTorchJob CRD in this cluster
+                    log.info("%s is not served here; looking again in 60s", kind)
+                    await asyncio.sleep(60)
+                    continue
+                log.warning("watch of %s ended: %r", kind, exc)
+            await asyncio.sleep(1)
+
+    # ------------------------------------------------------------------ reconcile
+
+    async def reconcile(self, key: Key) -> float | None:
+        body = self.runs.get(key)
+        if body is None:
+            return None
+        started = time.perf_counter()
+        try:
+            return await self._reconcile(body)
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+    def _names(self, body: dict[str, Any]) -> RunNames:
+        meta = body["metadata"]
+        return RunNames(meta["namespace"], meta["name"], meta["uid"], self.settings.operator_id)
+
+    async def _reconcile(self, body: dict[str, Any]) -> float | None:
+        meta = body["metadata"]
+        names = self._names(body)
+        deleting = meta.get("deletionTimestamp") is not None
+        finalizers = list(meta.get("finalizers") or [])
+        if deleting and FINALIZER not in finalizers:
+            return None
+        if deleting and (meta.get("annotations") or {}).get(ANNOTATION_FORCE_RELEASE) == "true":
+            await self.kube.event(body, "Warning", "ForceReleased",
+                                  "released by annotation without cleanup; the orphan sweeper "
+                                  "deletes what is left in AWS")
+            await self._remove_finalizer(body, finalizers)
+            return None
+        if not deleting and FINALIZER not in finalizers:
+            # Before anything is created: no resource may exist without the finalizer.
+            await self.kube.set_finalizers(names.namespace, names.name, [*finalizers, FINALIZER],
+                                           meta["resourceVersion"])
+            return 0.0
+
+        spec, spec_error = self._parse_spec(body)
+        status = self._parse_status(body)
+        obs = await self._observe(names, spec, spec_error, status, deleting, body)
+        decision = decide(obs)
+        await self._publish(body, decision)
+        await self._act(body, names, spec, obs, decision)
+        if decision.requeue_after is None and not decision.status.phase.finished:
+            # ECS tasks have no watch, and a missed event must not stall a run forever.
+            return self.settings.resync_seconds
+        return decision.requeue_after
+
+    def _parse_spec(self, body: dict[str, Any]) -> tuple[MultiTurnRLRunSpec | None,
+                                                        tuple[str, str] | None]:
+        try:
+            spec = MultiTurnRLRunSpec.model_validate(body.get("spec") or {})
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            return None, ("InvalidSpec", f"spec.{where}: {first['msg']}")
+        return spec, spec_problem(spec, self.settings)
+
+    @staticmethod
+    def _parse_status(body: dict[str, Any]) -> MultiTurnRLRunStatus:
+        try:
+            return MultiTurnRLRunStatus.model_validate(body.get("status") or {})
+        except ValidationError:
+            log.warning("unreadable status on %s; starting from an empty one",
+                        body["metadata"]["name"])
+            return MultiTurnRLRunStatus()
+
+    async def _observe(self, names: RunNames, spec: MultiTurnRLRunSpec | None,
+                       spec_error: tuple[str, str] | None, status: MultiTurnRLRunStatus,
+                       deleting: bool, body: dict[str, Any]) -> Observed:
+        refs = ResourceRefs()
+        settled = status.phase.finished and not status.resources.queues \
+            and not status.resources.task_arns and not status.resources.task_definition_arn
+        queue_urls = {} if settled and not deleting else await self.aws.queues(names)
+        refs.queues = [QueueRef(role=r, url=u) for r, u in sorted(queue_urls.items())]
+
+        workers_exist, desired, ready = False, 0, 0
+        backend = spec.workers.backend if spec else WorkerBackend.KUBERNETES
+        if backend == WorkerBackend.KUBERNETES:
+            dep = self.deployments.get(names.uid)
+            if dep is not None:
+                workers_exist = True
+                refs.worker_deployment = dep["metadata"]["name"]
+                desired = (dep.get("spec") or {}).get("replicas") or 0
+                ready = (dep.get("status") or {}).get("readyReplicas") or 0
+        elif not (settled and not deleting):
+            tasks = await self._ecs_tasks(names, spec)
+            live = [t for t in tasks if t.live]
+            definitions = await self.aws.active_task_definitions(names)
+            workers_exist = bool(live or definitions)
+            desired, ready = len(live), sum(t.ready for t in live)
+            refs.task_arns = [t.arn for t in live]
+            refs.task_definition_arn = definitions[0] if definitions else None
+
+        trainers = self.trainers.get(names.uid, {})
+        current: TrainerObserved | None = None
+        for (kind, name), obj in trainers.items():
+            attempt = int((obj["metadata"].get("labels") or {}).get(LABEL_ATTEMPT, "0"))
+            if attempt == status.attempts:
+                current = trainer_state(kind, obj, attempt)
+                refs.trainer_kind, refs.trainer_name = kind, name
+        if trainers and refs.trainer_name is None:
+            kind, name = next(iter(trainers))
+            refs.trainer_kind, refs.trainer_name = kind, name
+        if spec is not None and trainers:
+            refs.config_map = names.config_map
+
+        progress_cm = self.progress.get(names.uid)
+        return Observed(
+            now=dt.datetime.now(dt.UTC),
+            generation=body["metadata"].get("generation", 0),
+            deleting=deleting, spec=spec, spec_error=spec_error, status=status,
+            queues_ready=len(queue_urls) == 4, queues_exist=bool(queue_urls),
+            workers_exist=workers_exist, workers_desired=desired, workers_ready=ready,
+            trainer=current, trainers_exist=bool(trainers), resources=refs,
+            progress=progress_from_configmap(progress_cm) if progress_cm else None,
+        )
+
+    async def _ecs_tasks(self, names: RunNames, spec: MultiTurnRLRunSpec | None) -> list[WorkerTask]:
+        return await self.aws.worker_tasks(names, self._cluster(spec))
+
+    def _cluster(self, spec: MultiTurnRLRunSpec | None) -> str:
+        return (spec.workers.ecs.cluster if spec and spec.workers.ecs.cluster
+                else self.settings.ecs_cluster)
+
+    async def _publish(self, body: dict[str, Any], decision: Decision) -> None:
+        """Write status only when it changed; post an Event per transition."""
+        meta = body["metadata"]
+        new = decision.status.wire()
+        old = self._parse_status(body).wire()
+        if new != old:
+            await self.kube.patch_status(meta["namespace"], meta["name"], new)
+            body["status"] = new  # our cache sees our own write before the watch echoes it
+        for event in decision.events:
+            await self.kube.event(body, event.type, event.reason, event.message)
+        phases = defaultdict(int)
+        for run in self.runs.values():
+            phases[(run.get("status") or {}).get("phase", Phase.PENDING.value)] += 1
+        for phase in Phase:
+            metrics.RUNS_BY_PHASE.labels(phase=phase.value).set(phases.get(phase.value, 0))
+
+    # ------------------------------------------------------------------ actions
+
+    async def _act(self, body: dict[str, Any], names: RunNames, spec: MultiTurnRLRunSpec | None,
+                   obs: Observed, decision: Decision) -> None:
+        for action in decision.actions:
+            log.info("%s/%s: %s", names.namespace, names.name, action.value,
+                     extra={"run": f"{names.namespace}/{names.name}"})
+            if action == Act.ENSURE_QUEUES:
+                assert spec is not None
+                await self.aws.ensure_queues(
+                    names, queue_builders.dead_letter_queue(names, spec.queues),
+                    lambda role, arn: queue_builders.work_queue(names, spec.queues, role, arn))
+            elif action == Act.ENSURE_WORKERS:
+                assert spec is not None
+                await self._ensure_workers(body, names, spec, obs)
+            elif action == Act.ENSURE_TRAINER:
+                assert spec is not None
+                await self._ensure_trainer(body, names, spec, obs, decision.attempt)
+            elif action == Act.DELETE_TRAINER:
+                await self._delete_trainers(names)
+            elif action == Act.DELETE_WORKERS:
+                await self._delete_workers(names, spec)
+            elif action == Act.DELETE_QUEUES:
+                await self.aws.delete_queues(names)
+            elif action == Act.DELETE_RUN:
+                await self.kube.delete_run(names.namespace, names.name, names.uid)
+            elif action == Act.REMOVE_FINALIZER:
+                await self._remove_finalizer(body, list(body["metadata"].get("finalizers") or []))
+
+    def _queue_urls(self, obs: Observed) -> dict[str, str]:
+        return {q.role: q.url for q in obs.resources.queues}
+
+    async def _ensure_workers(self, body: dict[str, Any], names: RunNames,
+                              spec: MultiTurnRLRunSpec, obs: Observed) -> None:
+        env = worker_env(names, spec, self._queue_urls(obs), self.settings.region)
+        if spec.workers.backend == WorkerBackend.KUBERNETES:
+            await self.kube.create(worker_builders.deployment(names, spec, env,
+                                                              owner_reference(body)))
+            return
+        definition = await self.aws.ensure_task_definition(
+            names, worker_builders.task_definition(names, spec, env,
+                                                   self.settings.ecs_execution_role_arn))
+        tasks = await self._ecs_tasks(names, spec)
+        live = sum(t.live for t in tasks)
+        missing = spec.workers.max_replicas - live
+        if missing <= 0:
+            return
+        requests = worker_builders.run_task_requests(
+            names, spec, definition, self._cluster(spec),
+            spec.workers.ecs.subnets or self.settings.ecs_subnets,
+            spec.workers.ecs.security_groups or self.settings.ecs_security_groups,
+            attempt=1, missing=missing, first_batch=len(tasks))
+        await self.aws.run_tasks(requests)
+
+    async def _ensure_trainer(self, body: dict[str, Any], names: RunNames,
+                              spec: MultiTurnRLRunSpec, obs: Observed, attempt: int) -> None:
+        owner = owner_reference(body)
+        env = trainer_env(names, spec, self._queue_urls(obs), self.settings.region, attempt)
+        await self.kube.create(trainer_builders.config_map(names, spec, owner))
+        for manifest in trainer_builders.progress_channel(names, spec, owner):
+            await self.kube.create(manifest)
+        for manifest in trainer_builders.workload(names, spec, env, attempt, owner):
+            await self.kube.create(manifest)
+
+    async def _delete_trainers(self, names: RunNames) -> None:
+        for kind, name in list(self.trainers.get(names.uid, {})):
+            await self.kube.delete(TRAINER_KINDS[kind], name, names.namespace)
+        await self.kube.delete_collection(Service, names.namespace,
+                                          {LABEL_RUN_UID: names.uid, LABEL_COMPONENT: "trainer"})
+
+    async def _delete_workers(self, names: RunNames, spec: MultiTurnRLRunSpec | None) -> None:
+        dep = self.deployments.get(names.uid)
+        if dep is not None:
+            await self.kube.delete(Deployment, dep["metadata"]["name"], names.namespace)
+        if spec is None or spec.workers.backend == WorkerBackend.ECS_FARGATE:
+            cluster = self._cluster(spec)
+            live = [t.arn for t in await self.aws.worker_tasks(names, cluster) if t.live]
+            await self.aws.stop_tasks(cluster, live)
+            await self.aws.deregister_task_definitions(names)
+
+    async def _remove_finalizer(self, body: dict[str, Any], finalizers: list[str]) -> None:
+        meta = body["metadata"]
+        remaining = [f for f in finalizers if f != FINALIZER]
+        try:
+            await self.kube.set_finalizers(meta["namespace"], meta["name"], remaining,
+                                           meta["resourceVersion"])
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+
+    # ------------------------------------------------------------------ sweeper
+
+    async def sweep_once(self) -> int:
+        """Delete cloud resources tagged by this operator whose run no longer exists."""
+        known = await self.kube.run_uids(self.settings.namespaces)
+        swept = 0
+        for uid, arns in (await self.aws.tagged(self.settings.operator_id)).items():
+            if uid in known:
+                continue
+            for arn in arns:
+                try:
+                    await self.aws.delete_by_arn(arn, self.settings.ecs_cluster)
+                    swept += 1
+                except Exception as exc:  # one stubborn resource must not stop the sweep
+                    log.warning("sweeper could not delete %s: %r", arn, exc)
+        if swept:
+            metrics.SWEPT.inc(swept)
+            log.info("sweeper deleted %d orphaned resource(s)", swept)
+        return swept
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            try:
+                await self.sweep_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("sweep failed: %r", exc)
+            await asyncio.sleep(self.settings.sweep_interval_seconds)

@@ -1,0 +1,15 @@
+"""Prometheus metrics (served on MTRL_METRICS_PORT at /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+RUNS_BY_PHASE = Gauge("mtrl_runs", "Runs by phase", ["phase"])
+RECONCILE_SECONDS = Histogram("mtrl_reconcile_seconds", "Time to reconcile one run once",
+                              buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+RECONCILE_ERRORS = Counter("mtrl_reconcile_errors_total", "Reconciles that raised", ["kind"])
+CLOUD_ERRORS = Counter("mtrl_cloud_api_errors_total", "AWS API errors by operation",
+                       ["operation", "code"])
+RESOURCES_CREATED = Counter("mtrl_resources_created_total", "Resources created", ["kind"])
+RESOURCES_DELETED = Counter("mtrl_resources_deleted_total", "Resources deleted", ["kind"])
+SWEPT = Counter("mtrl_swept_resources_total", "Orphaned cloud resources deleted by the sweeper")

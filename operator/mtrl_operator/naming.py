@@ -1,0 +1,134 @@
+"""Deterministic names, labels and tags, from a run's namespace, name and UID alone.
+
+Every name the operator creates is computed, never remembered: after a crash the operator
+recomputes it and finds what it made before instead of making it twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from mtrl_operator.api import GROUP
+
+MANAGED_BY = "mtrl-operator"
+QUEUE_PREFIX = "mtrl-"  # the operator's IAM policy scopes SQS actions to this prefix
+
+LABEL_RUN_UID = f"{GROUP}/run-uid"
+LABEL_RUN_NAME = f"{GROUP}/run-name"
+LABEL_COMPONENT = f"{GROUP}/component"
+LABEL_ATTEMPT = f"{GROUP}/attempt"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+
+TAG_RUN_UID = f"{GROUP}/run-uid"
+TAG_NAMESPACE = f"{GROUP}/namespace"
+TAG_NAME = f"{GROUP}/name"
+TAG_MANAGED_BY = f"{GROUP}/managed-by"
+TAG_OPERATOR_ID = f"{GROUP}/operator-id"
+TAG_COMPONENT = f"{GROUP}/component"
+
+FINALIZER = f"{GROUP}/cleanup"
+ANNOTATION_FORCE_RELEASE = f"{GROUP}/force-release"
+PROGRESS_KEY = "progress.json"
+
+QUEUE_ROLES = ("rollout", "result", "generate", "dlq")
+
+
+def _digest(*parts: str, length: int = 8) -> str:
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:length]
+
+
+def _dns_label(text: str, max_len: int) -> str:
+    """`text` trimmed to a DNS-1123 label of at most `max_len` characters."""
+    cleaned = re.sub(r"[^a-z0-9-]", "-", text.lower()).strip("-")
+    return cleaned[:max_len].rstrip("-") or "x"
+
+
+@dataclass(frozen=True)
+class RunNames:
+    """Every name and tag derived from one run's identity."""
+
+    namespace: str
+    name: str
+    uid: str
+    operator_id: str = "default"
+
+    # -- Kubernetes objects (in the run's namespace)
+
+    def _k8s(self, suffix: str, max_len: int = 63) -> str:
+        """`<name>-<suffix>`; a name that is too long or not a DNS label is shortened and
+        given a hash of the UID, so two such runs never collide. Starts with a letter, so it
+        is also a valid Service name."""
+        plain = f"{self.name}-{suffix}"
+        if len(plain) <= max_len and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", plain):
+            return plain
+        base = _dns_label(self.name, max_len - len(suffix) - 11)
+        base = base if base[0].isalpha() else f"r{base}"[: max_len - len(suffix) - 11]
+        return f"{base}-{_digest(self.uid)}-{suffix}"
+
+    @property
+    def config_map(self) -> str:
+        return self._k8s("config")
+
+    @property
+    def progress_config_map(self) -> str:
+        return self._k8s("progress")
+
+    @property
+    def progress_role(self) -> str:
+        return self._k8s("progress-writer")
+
+    @property
+    def worker_deployment(self) -> str:
+        return self._k8s("workers")
+
+    def trainer(self, attempt: int) -> str:
+        """Trainer workload of one attempt; a retry is a new workload, never an edited one.
+        Short enough that indexed Job pod names (`<job>-<index>-<5>`) stay within 63."""
+        return self._k8s(f"t{attempt}", max_len=46)
+
+    # -- AWS resources
+
+    @property
+    def aws_prefix(self) -> str:
+        return f"{QUEUE_PREFIX}{_dns_label(self.namespace, 16)}-{_dns_label(self.name, 20)}-" \
+               f"{_digest(self.uid)}"
+
+    def queue(self, role: str) -> str:
+        if role not in QUEUE_ROLES:
+            raise ValueError(f"unknown queue role {role!r}")
+        return f"{self.aws_prefix}-{role}"  # at most 5+16+1+20+1+8+1+8 = 60 < 80 characters
+
+    @property
+    def task_family(self) -> str:
+        return f"{self.aws_prefix}-workers"
+
+    @property
+    def started_by(self) -> str:
+        """ECS `startedBy` (at most 36 characters): the UID without dashes."""
+        return "mtrl" + self.uid.replace("-", "")[:32]
+
+    def client_token(self, attempt: int, batch: int) -> str:
+        """ECS RunTask idempotency token for one batch of worker tasks of one attempt."""
+        return f"{self.uid}-a{attempt}-b{batch}"[:64]
+
+    def tags(self, component: str) -> dict[str, str]:
+        return {
+            TAG_RUN_UID: self.uid,
+            TAG_NAMESPACE: self.namespace,
+            TAG_NAME: self.name,
+            TAG_MANAGED_BY: MANAGED_BY,
+            TAG_OPERATOR_ID: self.operator_id,
+            TAG_COMPONENT: component,
+        }
+
+    def labels(self, component: str) -> dict[str, str]:
+        """Labels on every Kubernetes object the operator creates. Deliberately without
+        Argo CD's tracking label, so GitOps never prunes or adopts the run's children."""
+        return {
+            LABEL_RUN_UID: self.uid,
+            LABEL_RUN_NAME: _dns_label(self.name, 63),
+            LABEL_COMPONENT: component,
+            LABEL_MANAGED_BY: MANAGED_BY,
+        }
