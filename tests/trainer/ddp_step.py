@@ -1,0 +1,63 @@
+"""One GRPO optimizer step on a fixed batch, under torchrun (any world size) or alone.
+
+Prints rank 0's step loss and a digest of the updated LoRA weights as JSON, so a test can compare
+world sizes. Used by test_distributed.py."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from mtrl_operator.api.run import ModelSpec
+from mtrl_trainer.batch import Row
+from mtrl_trainer.distributed import broadcast, close_world, init_world
+from mtrl_trainer.models import load_policy
+from mtrl_trainer.update import UpdateConfig, lora_parameters, train_step
+
+
+def fixed_rows(vocab: int, count: int = 6, micro_batches: int = 2) -> list[Row]:
+    rng = random.Random(0)
+    rows = []
+    for i in range(count):
+        length = rng.randint(6, 14)
+        mask = [0] * 3 + [rng.choice((0, 1, 1)) for _ in range(length - 3)]
+        trained = sum(mask)
+        rows.append(Row(
+            token_ids=[rng.randrange(vocab) for _ in range(length)],
+            mask=mask,
+            old_logprobs=[-rng.uniform(3, 6) if m else 0.0 for m in mask],
+            weights=[m / (trained * count) for m in mask],
+            advantage=rng.uniform(-1, 1),
+            micro_batch=i % micro_batches,
+        ))
+    return rows
+
+
+def main() -> int:
+    world = init_world()
+    torch.manual_seed(0)
+    spec = ModelSpec.model_validate({"name": "random:tiny-qwen2", "dtype": "float32",
+                                     "lora": {"rank": 4, "alpha": 8, "dropout": 0.0}})
+    policy = load_policy(spec, seed=5, device=torch.device("cpu"))
+    model = DistributedDataParallel(policy.model) if world.size > 1 else policy.model
+    optimizer = torch.optim.AdamW(lora_parameters(policy.model), lr=1e-2, weight_decay=0.0)
+    rows = broadcast(fixed_rows(policy.tokenizer.vocab_size) if world.is_leader else None, world)
+    stats = train_step(
+        model, optimizer, rows,
+        UpdateConfig(epsilon=0.2, epsilon_high=0.28, beta=0.05, temperature=1.0, micro_batches=2),
+        pad_token_id=0, device=torch.device("cpu"), rank=world.rank, world_size=world.size,
+    )
+    digest = float(sum(p.double().sum() for p in lora_parameters(policy.model)))
+    if world.is_leader:
+        print(json.dumps({"loss": stats.loss, "grad_norm": stats.grad_norm, "digest": digest,
+                          "tokens": stats.trained_tokens}))
+    close_world(world)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

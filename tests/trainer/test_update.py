@@ -1,0 +1,128 @@
+"""The update on a tiny random policy: masks, reference KL, and behaviour/recomputed logprobs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mtrl_operator.api.run import ModelSpec  # noqa: E402
+from mtrl_rollout.protocol import ChatMessage, RolloutResult, TurnRecord  # noqa: E402
+from mtrl_trainer.batch import build_rows  # noqa: E402
+from mtrl_trainer.decoder import StaticCacheDecoder  # noqa: E402
+from mtrl_trainer.models import Policy, load_policy  # noqa: E402
+from mtrl_trainer.update import UpdateConfig, step_loss, token_logprobs  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def policy(preset: str = "tiny-qwen2", perturb: bool = True) -> Policy:
+    spec = ModelSpec.model_validate({"name": f"random:{preset}", "dtype": "float32",
+                                     "lora": {"rank": 4, "alpha": 8, "dropout": 0.0}})
+    p = load_policy(spec, seed=3, device=CPU)
+    if perturb:  # a trained-looking adapter, so policy != reference
+        gen = torch.Generator().manual_seed(0)
+        for name, param in p.model.named_parameters():
+            if "lora_B" in name:
+                param.data.normal_(0, 0.2, generator=gen)
+    p.model.eval()
+    return p
+
+
+def config(beta: float = 0.0) -> UpdateConfig:
+    return UpdateConfig(epsilon=0.2, epsilon_high=0.28, beta=beta, temperature=0.7,
+                        micro_batches=1)
+
+
+def two_turn_result(p: Policy, temperature: float = 0.7) -> RolloutResult:
+    """A real two-turn episode: turn 2's prompt = turn 1's prompt + completion + user text."""
+    decoder = StaticCacheDecoder(p.model)
+    gen = torch.Generator().manual_seed(1)
+    messages = [ChatMessage(role="user", content="Say a")]
+    turns = []
+    for turn in range(2):
+        prompt = p.tokenizer.encode_chat(messages)
+        out = decoder.generate([prompt], [6], stop_token_ids=p.tokenizer.stop_token_ids,
+                               temperature=temperature, generator=gen)[0]
+        turns.append(TurnRecord(turn=turn, policy_version=0, prompt_token_ids=prompt,
+                                completion_token_ids=out.token_ids,
+                                completion_logprobs=[min(x, 0.0) for x in out.logprobs],
+                                finish_reason="stop" if out.stopped else "length"))
+        messages += [ChatMessage(role="assistant", content=p.tokenizer.decode(out.token_ids)),
+                     ChatMessage(role="user", content="Again")]
+    return RolloutResult(run_id="r", step=0, group_id="g", sample_id="s", policy_version=0,
+                         aggregate_reward_score=1.0, metrics_list=[], stop_reason="done",
+                         trajectory=turns)
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen2", "tiny-llama"])
+def test_decoder_logprobs_equal_recomputed_ones(preset: str) -> None:
+    """Behaviour logprobs (static-cache decoder, left-padded batch) == the training forward's,
+    so the policy ratio is exactly 1 before any update."""
+    p = policy(preset)
+    prompts = [p.tokenizer.encode_chat([ChatMessage(role="user", content=text)])
+               for text in ("hi", "a much longer prompt than the first")]
+    outs = StaticCacheDecoder(p.model).generate(
+        prompts, [9, 5], stop_token_ids=frozenset(), temperature=0.7,
+        generator=torch.Generator().manual_seed(0))
+    assert [len(o.token_ids) for o in outs] == [9, 5]
+    for prompt, out in zip(prompts, outs, strict=True):
+        ids = torch.tensor([prompt + out.token_ids])
+        with torch.no_grad():
+            recomputed = token_logprobs(p.model, ids, torch.ones_like(ids), 0.7)[0, len(prompt):]
+        assert recomputed.tolist() == pytest.approx(out.logprobs, abs=1e-4)
+
+
+def test_environment_tokens_are_masked() -> None:
+    p = policy()
+    result = two_turn_result(p)
+    t1, t2 = result.trajectory
+    [row] = build_rows([result], [1.0], loss_type="dapo", max_completion_length=12,
+                       max_sequence_length=512, micro_batches=1)
+    assert row.token_ids == t2.prompt_token_ids + t2.completion_token_ids  # one sequence
+    env = len(t2.prompt_token_ids) - len(t1.prompt_token_ids) - len(t1.completion_token_ids)
+    assert env > 0
+    expected = ([0] * len(t1.prompt_token_ids) + [1] * len(t1.completion_token_ids)
+                + [0] * env + [1] * len(t2.completion_token_ids))
+    assert row.mask == expected
+    assert all(w == 0 for w, m in zip(row.weights, row.mask, strict=True) if not m)
+    assert sum(row.weights) == pytest.approx(1.0)  # dapo: 1 / trained tokens each
+
+
+def test_loss_ignores_environment_tokens_and_starts_at_ratio_one() -> None:
+    p = policy()
+    result = two_turn_result(p)
+    rows = build_rows([result], [1.0], loss_type="dapo", max_completion_length=12,
+                      max_sequence_length=512, micro_batches=1)
+    loss, clipped, tokens, _ = step_loss(p.model, rows, config(), pad_token_id=0, device=CPU,
+                                         backward=False)
+    # Ratio 1 everywhere: the dapo loss is -advantage averaged over trained tokens.
+    assert loss == pytest.approx(-1.0, abs=1e-4) and clipped == 0
+    assert tokens == sum(rows[0].mask)
+    # Absurd behaviour logprobs on environment tokens change nothing (and make no NaN).
+    row = rows[0]
+    noisy = [lp if m else -1e4 for lp, m in zip(row.old_logprobs, row.mask, strict=True)]
+    altered = [type(row)(row.token_ids, row.mask, noisy, row.weights, 1.0, 0)]
+    again = step_loss(p.model, altered, config(beta=0.5), pad_token_id=0, device=CPU,
+                      backward=False)
+    assert math.isfinite(again[0])
+
+
+def test_kl_is_zero_with_adapter_disabled_reference_of_an_untrained_adapter() -> None:
+    fresh = policy(perturb=False)  # LoRA B = 0: the policy is its own reference
+    rows = build_rows([two_turn_result(fresh)], [1.0], loss_type="dapo",
+                      max_completion_length=12, max_sequence_length=512, micro_batches=1)
+    *_, kl = step_loss(fresh.model, rows, config(beta=1.0), pad_token_id=0, device=CPU,
+                       backward=False)
+    assert kl == 0.0
+    trained = policy(perturb=True)
+    rows = build_rows([two_turn_result(trained)], [1.0], loss_type="dapo",
+                      max_completion_length=12, max_sequence_length=512, micro_batches=1)
+    *_, kl = step_loss(trained.model, rows, config(beta=1.0), pad_token_id=0, device=CPU,
+                       backward=False)
+    assert kl > 1e-4
+    # disable_adapter() is scoped: the adapter is back on afterwards.
+    assert trained.model.active_adapter == "default"
+    assert any(getattr(m, "disable_adapters", None) is False for m in trained.model.modules())
