@@ -31,4 +31,4 @@ def test_two_gloo_ranks_match_one_process() -> None:
     assert one["tokens"] == two["tokens"] > 0
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-6)
     assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
-    assert two["digest"] == pytest.approx(one["digest"], rel=1e-6)  # same update applied
+    assert two["digest"] == pytest.approx(one["digest"], rel=1e-5)  # same update applied
