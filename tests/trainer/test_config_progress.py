@@ -1,0 +1,57 @@
+"""Configuration from the operator's mount and env vars; the progress file schema."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from mtrl_trainer.__main__ import main
+from mtrl_trainer.config import ConfigError, TrainerConfig
+from mtrl_trainer.progress import ComponentReport, FileSink, Progress, ProgressReport
+
+from .conftest import run_spec
+
+QUEUES = {f"MTRL_{n}": f"http://q/{n}" for n in
+          ("ROLLOUT_QUEUE_URL", "RESULT_QUEUE_URL", "GENERATE_QUEUE_URL", "DLQ_URL")}
+
+
+def test_reads_camelcase_spec_and_queue_urls(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run_spec("bucket-a", epsilonHigh=0.3)))
+    config = TrainerConfig.from_env({"MTRL_CONFIG": str(path), "MTRL_RUN_ID": "uid-1", **QUEUES})
+    assert config.spec.grpo.epsilon_high == 0.3 and config.spec.grpo.group_size == 8
+    assert config.generate_queue_url == "http://q/GENERATE_QUEUE_URL" and config.run_id == "uid-1"
+
+
+def test_reports_every_problem_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"model": {"name": "x"}}))
+    with pytest.raises(ConfigError) as info:
+        TrainerConfig.from_env({"MTRL_CONFIG": str(path)})
+    message = str(info.value)
+    assert "rollout: Field required" in message and "MTRL_DLQ_URL is not set" in message
+
+
+def test_main_exits_2_on_bad_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MTRL_CONFIG", str(tmp_path / "missing.json"))
+    assert main([]) == 2
+
+
+def test_progress_file_schema(tmp_path: Path) -> None:
+    path = tmp_path / "progress.json"
+    Progress([FileSink(path)]).report(ProgressReport(
+        step=3, total_steps=10, reward_mean=0.5, reward_std=0.1, success_rate=0.25,
+        zero_variance_fraction=0.5, validation_success_rate=None, tokens_per_second=100.0,
+        components=[ComponentReport("target_fraction", 0.5, 0.1, 0.5)], policy_version=3,
+    ))
+    body = json.loads(path.read_text())
+    assert set(body) == {"step", "totalSteps", "rewardMean", "rewardStd", "successRate",
+                         "zeroVarianceFraction", "validationSuccessRate", "tokensPerSecond",
+                         "components", "policyVersion", "updatedAt"}
+    assert body["components"] == [{"name": "target_fraction", "mean": 0.5, "std": 0.1,
+                                   "zeroVarianceFraction": 0.5}]
+    assert body["updatedAt"].endswith("Z")
