@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import boto3
 import pytest
 
 from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
 from mtrl_testbed.moto import MotoServer
+from mtrl_testbed.operator import OperatorProcess
 
 ARTIFACTS = Path(os.environ.get("MTRL_TEST_ARTIFACTS", REPO_ROOT / "out" / "test"))
 
@@ -47,9 +50,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     root = tmp_path_factory.mktemp("cluster")
     local = LocalCluster(root).start()
     try:
-        local.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
-        local.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                      "crd/multiturnrlruns.mtrl.dev")
+        local.install_crds(REPO_ROOT / "crds")
         yield local
     finally:
         local.stop()
@@ -67,3 +68,42 @@ def namespace(cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator
     cluster.kubectl("create", "namespace", name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="session")
+def pods_reach_moto(cluster: LocalCluster, moto_server: MotoServer) -> None:
+    """Pods run by the node agent get the moto endpoint, as IRSA would give them AWS."""
+    (cluster.root / "pod-env.json").write_text(json.dumps(moto_server.env()))
+
+
+@pytest.fixture(scope="session")
+def operator_factory(cluster: LocalCluster, moto_server: MotoServer, aws_env: dict[str, str],
+                     pods_reach_moto: None) -> Iterator[Callable[..., OperatorProcess]]:
+    """Start `mtrl operator` processes against the local cluster and moto."""
+    moto_server.keep_ecs_tasks_running()
+    boto3.client("ecs").create_cluster(clusterName="default")
+    ec2 = boto3.client("ec2")
+    vpc = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
+    # moto's RunTask (awsvpc) crashes on a subnet whose VPC lacks DNS hostnames.
+    ec2.modify_vpc_attribute(VpcId=vpc, EnableDnsHostnames={"Value": True})
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.20.1.0/24")["Subnet"]["SubnetId"]
+    group = ec2.create_security_group(GroupName="mtrl-workers", Description="reward workers",
+                                      VpcId=vpc)["GroupId"]
+    network = {"MTRL_ECS_SUBNETS": subnet, "MTRL_ECS_SECURITY_GROUPS": group}
+    started: list[OperatorProcess] = []
+
+    def start(**env: str) -> OperatorProcess:
+        proc = OperatorProcess(cluster, {**aws_env, **network, **env},
+                               ARTIFACTS / f"operator-{len(started)}.log").start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def operator(operator_factory: Callable[..., OperatorProcess]) -> OperatorProcess:
+    """One operator shared by the lifecycle tests (each test uses its own namespace)."""
+    return operator_factory(MTRL_OPERATOR_ID="shared")

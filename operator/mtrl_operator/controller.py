@@ -170,8 +170,22 @@ class Controller:
         started = time.perf_counter()
         try:
             return await self._reconcile(body)
+        except ApiError as exc:
+            if exc.status.code == 409:  # our cached copy was stale; the watch brings a new one
+                return 0.2
+            await self._report_error(body, exc)
+            raise
+        except Exception as exc:
+            await self._report_error(body, exc)
+            raise
         finally:
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+    async def _report_error(self, body: dict[str, Any], exc: Exception) -> None:
+        """Persistent failures are visible on the run, not only in the operator's log."""
+        metrics.RECONCILE_ERRORS.labels(kind=type(exc).__name__).inc()
+        await self.kube.event(body, "Warning", "ReconcileError",
+                              f"{type(exc).__name__}: {exc}; retrying with backoff")
 
     def _names(self, body: dict[str, Any]) -> RunNames:
         meta = body["metadata"]

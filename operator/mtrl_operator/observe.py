@@ -62,7 +62,12 @@ def progress_from_configmap(obj: dict[str, Any]) -> Progress | None:
 
 
 def known_environments() -> set[str]:
-    return {ep.name for ep in entry_points(group="mtrl.environments")}
+    """Environments the default worker image provides: this distribution's own plug-ins."""
+    try:
+        from mtrl_worker.environments.registry import available
+    except ImportError:  # an operator-only install: trust the run's name
+        return {ep.name for ep in entry_points(group="mtrl.environments")}
+    return set(available())
 
 
 def spec_problem(spec: MultiTurnRLRunSpec, settings: Settings) -> tuple[str, str] | None:

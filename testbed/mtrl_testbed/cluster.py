@@ -101,6 +101,23 @@ class LocalCluster:
                                                 result.stderr)
         return result
 
+    def install_crds(self, path: Path, timeout: float = 60) -> list[str]:
+        """Apply the CRDs in `path` (file or folder) and wait until each is served."""
+        out = self.kubectl("apply", "--server-side", "--force-conflicts", "-o", "name",
+                           "-f", str(path))
+        names = [line.split("/", 1)[1] for line in out.stdout.split() if "/" in line]
+
+        def established() -> bool:
+            for name in names:
+                cond = self.kubectl("get", "crd", name, "-o", "jsonpath={.status.conditions["
+                                    "?(@.type=='Established')].status}", check=False).stdout
+                if cond.strip() != "True":
+                    return False
+            return True
+
+        wait_until(established, timeout, f"CRDs {names} established", interval=0.25)
+        return names
+
     # ------------------------------------------------------------------ lifecycle
 
     def start(self, timeout: float = 120) -> LocalCluster:

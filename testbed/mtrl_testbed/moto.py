@@ -6,6 +6,7 @@ makes the same HTTP calls it would make to AWS.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -61,6 +62,16 @@ class MotoServer:
     def reset(self) -> None:
         """Forget every resource (moto's own reset API)."""
         req = urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")
+        urllib.request.urlopen(req, timeout=10).close()
+
+    def keep_ecs_tasks_running(self) -> None:
+        """moto advances an ECS task one status per DescribeTasks (RUNNING, DEACTIVATING, ...
+        STOPPED), as if every worker crashed at once. Hold them at RUNNING, like healthy
+        Fargate workers, until they are stopped."""
+        body = json.dumps({"model_name": "ecs::task",
+                           "transition": {"progression": "manual", "times": 10**9}}).encode()
+        req = urllib.request.Request(f"{self.endpoint}/moto-api/state-manager/set-transition",
+                                     data=body, method="POST")
         urllib.request.urlopen(req, timeout=10).close()
 
     def stop(self) -> None:

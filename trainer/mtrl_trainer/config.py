@@ -35,8 +35,8 @@ class TrainerConfig:
     dlq_url: str
     payload_bucket: str | None
     progress_file: Path | None
-    pod_name: str | None
-    pod_namespace: str | None
+    progress_config_map: str | None
+    namespace: str | None
     device: str | None
     collect_grace_s: float
     attempt: str  # unique per process start; keeps sample ids of attempts apart
@@ -75,8 +75,8 @@ class TrainerConfig:
             dlq_url=urls["DLQ_URL"],
             payload_bucket=env.get("MTRL_PAYLOAD_BUCKET") or None,
             progress_file=Path(progress) if progress else None,
-            pod_name=env.get("MTRL_POD_NAME") or None,
-            pod_namespace=env.get("MTRL_POD_NAMESPACE") or None,
+            progress_config_map=env.get("MTRL_PROGRESS_CONFIGMAP") or None,
+            namespace=env.get("MTRL_POD_NAMESPACE") or env.get("MTRL_NAMESPACE") or None,
             device=env.get("MTRL_DEVICE") or None,
             collect_grace_s=grace,
             attempt=uuid.uuid4().hex[:8],

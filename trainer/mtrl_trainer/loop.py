@@ -27,8 +27,8 @@ from mtrl_trainer.grpo import group_advantages
 from mtrl_trainer.models import Policy, load_policy
 from mtrl_trainer.orchestration import Orchestrator, Rollouts, RolloutSettings
 from mtrl_trainer.progress import (
+    ConfigMapSink,
     FileSink,
-    PodAnnotationSink,
     Progress,
     ProgressReport,
     ProgressSink,
@@ -209,9 +209,9 @@ class Run:
         sinks: list[ProgressSink] = []
         if self.config.progress_file is not None:
             sinks.append(FileSink(self.config.progress_file))
-        if self.config.pod_name and self.config.pod_namespace:
+        if self.config.progress_config_map and self.config.namespace:
             try:
-                sinks.append(PodAnnotationSink(self.config.pod_name, self.config.pod_namespace))
+                sinks.append(ConfigMapSink(self.config.progress_config_map, self.config.namespace))
             except Exception:
                 log.warning("no Kubernetes credentials: progress goes to the file only",
                             exc_info=True)

@@ -1,7 +1,9 @@
-"""Progress reports after each step: a JSON file and/or an annotation on the trainer's Pod.
+"""Progress reports after each step: a JSON file and/or the run's progress ConfigMap.
 
-The operator reads the `mtrl.dev/progress` annotation and copies it into the run's status; the
-schema is the status' `progress` in camelCase plus `policyVersion`. A failed report is logged and
+The operator creates the ConfigMap (named in MTRL_PROGRESS_CONFIGMAP) with a Role that lets the
+trainer's ServiceAccount get and patch that one object, watches it, and copies
+`progress.json` into the run's status; the schema is the status' `progress` in camelCase plus
+`policyVersion`. A failed report is logged and
 never stops training: progress is advisory, checkpoints are the record.
 """
 
@@ -17,7 +19,7 @@ from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
-ANNOTATION = "mtrl.dev/progress"
+PROGRESS_KEY = "progress.json"
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,8 @@ class FileSink:
         os.replace(tmp, self.path)
 
 
-class PodAnnotationSink:
-    """Merge-patches the annotation on our own Pod (in-cluster or KUBECONFIG credentials)."""
+class ConfigMapSink:
+    """Merge-patches the run's progress ConfigMap (in-cluster or KUBECONFIG credentials)."""
 
     def __init__(self, name: str, namespace: str) -> None:
         from lightkube import Client
@@ -87,11 +89,11 @@ class PodAnnotationSink:
         self._client = Client(namespace=namespace, field_manager="mtrl-trainer")
 
     def report(self, body: dict[str, Any]) -> None:
-        from lightkube.resources.core_v1 import Pod
+        from lightkube.resources.core_v1 import ConfigMap
         from lightkube.types import PatchType
 
-        patch = {"metadata": {"annotations": {ANNOTATION: json.dumps(body)}}}
-        self._client.patch(Pod, self.name, patch, namespace=self.namespace,
+        patch = {"data": {PROGRESS_KEY: json.dumps(body)}}
+        self._client.patch(ConfigMap, self.name, patch, namespace=self.namespace,
                            patch_type=PatchType.MERGE)
 
 

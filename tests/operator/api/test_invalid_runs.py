@@ -75,7 +75,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
      "spec.workers.minReplicas"),
     ("two-dataset-sources", {"dataset": {"s3": {"trainUri": "s3://data/train.jsonl"}}},
      "spec.dataset"),
-    ("no-dataset-source", {"dataset": {"generated": DELETE}}, "spec.dataset"),
+    ("no-dataset-source", {"dataset": {"inline": DELETE}}, "spec.dataset"),
     ("fargate-cpu-not-a-size", {"workers": {"backend": "ecs-fargate", "cpu": 300}},
      "spec.workers.cpu"),
 ]

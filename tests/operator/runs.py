@@ -1,0 +1,117 @@
+"""Helpers for lifecycle tests: make runs, wait for phases, count what a run left in AWS."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import boto3
+
+from mtrl_operator.naming import RunNames
+from mtrl_testbed.cluster import LocalCluster
+
+SUCCEED = ["python", "-c", "import time; time.sleep(1)"]
+FAIL = ["python", "-c", "raise SystemExit(3)"]
+HANG = ["python", "-c", "import time; time.sleep(600)"]
+
+BASE_SPEC: dict[str, Any] = {
+    "model": {"name": "random:tiny-qwen2", "dtype": "float32"},
+    "trainer": {"gpusPerNode": 0, "efaPerNode": 0, "command": SUCCEED},
+    "grpo": {"maxSteps": 3},
+    "rollout": {"environment": "target"},
+    "workers": {"backend": "kubernetes", "cpu": 256, "memory": 512, "minReplicas": 1,
+                "maxReplicas": 1},
+    "dataset": {"inline": {"train": [{"target": "a"}]}},
+    "output": {"s3Uri": "s3://mtrl-test-outputs/runs"},
+}
+
+
+def run_manifest(name: str, **overrides: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(BASE_SPEC)
+    for section, value in overrides.items():
+        if isinstance(value, dict) and isinstance(spec.get(section), dict):
+            spec[section] = {**spec[section], **value}
+        else:
+            spec[section] = value
+    return {"apiVersion": "mtrl.dev/v1alpha1", "kind": "MultiTurnRLRun",
+            "metadata": {"name": name}, "spec": spec}
+
+
+def apply(cluster: LocalCluster, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    out = cluster.kubectl("apply", "-n", namespace, "-o", "json", "-f", "-",
+                          input=json.dumps(manifest))
+    return json.loads(out.stdout)
+
+
+def get(cluster: LocalCluster, namespace: str, name: str) -> dict[str, Any] | None:
+    out = cluster.kubectl("get", "mtrlrun", name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def wait_phase(cluster: LocalCluster, namespace: str, name: str, phase: str,
+               timeout: float = 90) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        run = get(cluster, namespace, name)
+        return run if run and (run.get("status") or {}).get("phase") == phase else None
+
+    return wait_for(check, timeout, f"{namespace}/{name} to reach {phase}")
+
+
+def names_of(run: dict[str, Any], operator_id: str = "shared") -> RunNames:
+    meta = run["metadata"]
+    return RunNames(meta["namespace"], meta["name"], meta["uid"], operator_id)
+
+
+def aws_leftovers(names: RunNames, cluster: str = "default") -> dict[str, list[str]]:
+    """Everything in AWS that still belongs to the run: queues, live tasks, active
+    task definitions, and anything else carrying its UID tag."""
+    sqs, ecs = boto3.client("sqs"), boto3.client("ecs")
+    tagging = boto3.client("resourcegroupstaggingapi")
+    queues = sqs.list_queues(QueueNamePrefix=names.aws_prefix).get("QueueUrls", [])
+    tasks = ecs.list_tasks(cluster=cluster, startedBy=names.started_by,
+                           desiredStatus="RUNNING").get("taskArns", [])
+    definitions = [a for a in ecs.list_task_definitions(
+        familyPrefix=names.task_family, status="ACTIVE").get("taskDefinitionArns", [])]
+    tagged = [r["ResourceARN"] for r in tagging.get_resources(
+        TagFilters=[{"Key": "mtrl.dev/run-uid", "Values": [names.uid]}],
+        ResourceTypeFilters=["sqs"]).get("ResourceTagMappingList", [])]
+    return {k: v for k, v in {"queues": queues, "tasks": tasks, "task_definitions": definitions,
+                              "tagged_queues": tagged}.items() if v}
+
+
+def k8s_leftovers(cluster: LocalCluster, namespace: str, uid: str) -> dict[str, list[str]]:
+    out = {}
+    for kind in ("jobs", "deployments", "pods", "services"):
+        items = json.loads(cluster.kubectl("get", kind, "-n", namespace, "-l",
+                                           f"mtrl.dev/run-uid={uid}", "-o", "json").stdout)
+        names = [i["metadata"]["name"] for i in items["items"]
+                 if not (kind == "pods" and i["status"].get("phase") in ("Succeeded", "Failed")
+                         and i["metadata"].get("deletionTimestamp"))]
+        if names:
+            out[kind] = names
+    return out
+
+
+def wait_clean(cluster: LocalCluster, names: RunNames, timeout: float = 60) -> None:
+    wait_for(lambda: not aws_leftovers(names) and not k8s_leftovers(
+        cluster, names.namespace, names.uid), timeout,
+        f"no resources left for {names.name}", interval=1)
+
+
+def condition(run: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    return next((c for c in (run.get("status") or {}).get("conditions", [])
+                 if c["type"] == type_), None)

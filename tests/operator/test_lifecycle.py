@@ -1,0 +1,175 @@
+"""Run lifecycles against the real API server, the node agent and moto: nothing leaks."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+
+from mtrl_testbed.cluster import LocalCluster
+from mtrl_testbed.operator import OperatorProcess
+from tests.operator.runs import (
+    FAIL,
+    HANG,
+    apply,
+    aws_leftovers,
+    condition,
+    get,
+    k8s_leftovers,
+    names_of,
+    run_manifest,
+    wait_clean,
+    wait_for,
+    wait_phase,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.aws, pytest.mark.slow]
+
+
+def _events(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
+    out = cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                          f"involvedObject.name={name}", "-o", "json")
+    return [e["reason"] for e in json.loads(out.stdout)["items"]]
+
+
+def test_happy_path_kubernetes_workers(cluster: LocalCluster, namespace: str,
+                                       operator: OperatorProcess) -> None:
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="mtrl-test-outputs",
+                     CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    s3.put_object(Bucket="mtrl-test-outputs", Key="runs/adapter/adapter_model.safetensors",
+                  Body=b"weights")
+    apply(cluster, namespace, run_manifest("happy"))
+    seen = set()
+
+    def phases() -> bool:
+        run = get(cluster, namespace, "happy")
+        phase = (run.get("status") or {}).get("phase") if run else None
+        seen.add(phase)
+        return phase == "Succeeded"
+
+    wait_for(phases, 90, "happy to succeed", interval=0.2)
+    run = get(cluster, namespace, "happy")
+    assert {"Provisioning", "Succeeded"} <= seen
+    assert run["status"]["completionTime"] and run["status"]["attempts"] == 1
+    assert condition(run, "Complete")["status"] == "True"
+    assert condition(run, "QueuesReady")["status"] == "True"
+    names = names_of(run)
+    wait_clean(cluster, names)
+    assert {"Provisioning", "Succeeded"} <= set(_events(cluster, namespace, "happy"))
+    # Outputs are kept.
+    assert s3.get_object(Bucket="mtrl-test-outputs",
+                         Key="runs/adapter/adapter_model.safetensors")["Body"].read() == b"weights"
+
+
+def test_happy_path_ecs_fargate_workers(cluster: LocalCluster, namespace: str,
+                                        operator: OperatorProcess) -> None:
+    apply(cluster, namespace, run_manifest("fargate", workers={
+        "backend": "ecs-fargate", "cpu": 256, "memory": 512, "minReplicas": 2,
+        "maxReplicas": 12}))
+    run = wait_phase(cluster, namespace, "fargate", "Succeeded")
+    names = names_of(run)
+    ecs = boto3.client("ecs")
+    stopped = ecs.list_tasks(cluster="default", startedBy=names.started_by,
+                             desiredStatus="STOPPED")["taskArns"]
+    assert len(stopped) == 12, "exactly maxReplicas tasks were started, in two RunTask batches"
+    task = ecs.describe_tasks(cluster="default", tasks=stopped[:1], include=["TAGS"])["tasks"][0]
+    assert {"key": "mtrl.dev/run-uid", "value": names.uid} in task["tags"]
+    inactive = ecs.list_task_definitions(familyPrefix=names.task_family,
+                                         status="INACTIVE")["taskDefinitionArns"]
+    assert len(inactive) == 1, "one task definition was registered, and deregistered"
+    wait_clean(cluster, names)
+
+
+def test_failure_is_retried_from_a_new_attempt(cluster: LocalCluster, namespace: str,
+                                               operator: OperatorProcess) -> None:
+    flaky = ["python", "-c", "import os, sys; sys.exit(0 if os.environ['MTRL_ATTEMPT'] == '2' "
+             "else 1)"]
+    apply(cluster, namespace, run_manifest("flaky", trainer={"command": flaky},
+                                           lifecycle={"backoffLimit": 2}))
+    run = wait_phase(cluster, namespace, "flaky", "Succeeded")
+    assert run["status"]["attempts"] == 2
+    assert "TrainerFailed" in _events(cluster, namespace, "flaky")
+    wait_clean(cluster, names_of(run))
+
+
+def test_backoff_limit_then_failed(cluster: LocalCluster, namespace: str,
+                                   operator: OperatorProcess) -> None:
+    apply(cluster, namespace, run_manifest("doomed", trainer={"command": FAIL},
+                                           lifecycle={"backoffLimit": 1}))
+    run = wait_phase(cluster, namespace, "doomed", "Failed")
+    assert run["status"]["attempts"] == 2
+    assert condition(run, "Failed")["reason"] == "BackoffLimitExceeded"
+    wait_clean(cluster, names_of(run))
+
+
+def test_deadline_exceeded(cluster: LocalCluster, namespace: str,
+                           operator: OperatorProcess) -> None:
+    apply(cluster, namespace, run_manifest("slow", trainer={"command": HANG},
+                                           lifecycle={"activeDeadlineSeconds": 8}))
+    run = wait_phase(cluster, namespace, "slow", "Failed", timeout=60)
+    assert condition(run, "Failed")["reason"] == "DeadlineExceeded"
+    wait_clean(cluster, names_of(run))
+
+
+def test_suspend_keeps_queues_and_resume_finishes(cluster: LocalCluster, namespace: str,
+                                                  operator: OperatorProcess) -> None:
+    apply(cluster, namespace, run_manifest("pausable", trainer={"command": HANG}))
+    run = wait_phase(cluster, namespace, "pausable", "Running")
+    names = names_of(run)
+    cluster.kubectl("patch", "mtrlrun", "pausable", "-n", namespace, "--type=merge",
+                    "-p", '{"spec":{"lifecycle":{"suspend":true}}}')
+    wait_phase(cluster, namespace, "pausable", "Suspended")
+    wait_for(lambda: not k8s_leftovers(cluster, namespace, names.uid), 30, "compute to go")
+    assert len(aws_leftovers(names)["queues"]) == 4, "queues survive a suspension"
+    # Resume with a trainer that finishes (the command may change: trainer is immutable
+    # only once started, so use a fresh run's semantics: resume re-creates attempt 1).
+    cluster.kubectl("patch", "mtrlrun", "pausable", "-n", namespace, "--type=merge",
+                    "-p", '{"spec":{"lifecycle":{"suspend":false}}}')
+    wait_phase(cluster, namespace, "pausable", "Running")
+    cluster.kubectl("delete", "mtrlrun", "pausable", "-n", namespace, "--timeout=60s")
+    wait_clean(cluster, names)
+
+
+def test_delete_while_provisioning_leaves_nothing(cluster: LocalCluster, namespace: str,
+                                                  operator: OperatorProcess) -> None:
+    apply(cluster, namespace, run_manifest("hasty", workers={
+        "backend": "ecs-fargate", "cpu": 256, "memory": 512, "minReplicas": 1,
+        "maxReplicas": 3}))
+    run = wait_for(lambda: (r := get(cluster, namespace, "hasty")) and
+                   (r.get("status") or {}).get("phase") == "Provisioning" and r, 30,
+                   "hasty to start provisioning", interval=0.05)
+    cluster.kubectl("delete", "mtrlrun", "hasty", "-n", namespace, "--timeout=60s")
+    assert get(cluster, namespace, "hasty") is None
+    wait_clean(cluster, names_of(run))
+
+
+def test_deeper_spec_errors_fail_the_run_not_the_operator(cluster: LocalCluster, namespace: str,
+                                                          operator: OperatorProcess) -> None:
+    apply(cluster, namespace, run_manifest("noenv", rollout={"environment": "chess"}))
+    apply(cluster, namespace, run_manifest("nosubnet", workers={
+        "backend": "ecs-fargate", "cpu": 256, "memory": 512, "ecs": {"subnets": []}}))
+    bad = wait_phase(cluster, namespace, "noenv", "Failed")
+    assert condition(bad, "Failed")["reason"] == "UnknownEnvironment"
+    assert "chess" in bad["status"]["message"]
+    apply(cluster, namespace, run_manifest("fine"))
+    wait_phase(cluster, namespace, "fine", "Succeeded")
+    assert operator.alive
+
+
+def test_orphans_are_swept(cluster: LocalCluster, operator: OperatorProcess) -> None:
+    from mtrl_operator.naming import RunNames
+
+    ghost = RunNames("gone", "ghost", "00000000-0000-4000-8000-00000000dead", "shared")
+    sqs = boto3.client("sqs")
+    url = sqs.create_queue(QueueName=ghost.queue("rollout"),
+                           tags=ghost.tags("queue-rollout"))["QueueUrl"]
+    # A queue of another operator (different operator-id) is never touched.
+    other = RunNames("gone", "ghost", "00000000-0000-4000-8000-00000000beef", "someone-else")
+    other_url = sqs.create_queue(QueueName=other.queue("rollout"),
+                                 tags=other.tags("queue-rollout"))["QueueUrl"]
+    wait_for(lambda: url not in sqs.list_queues(QueueNamePrefix="mtrl-gone").get("QueueUrls", []),
+             30, "the orphaned queue to be swept")
+    assert other_url in sqs.list_queues(QueueNamePrefix="mtrl-gone")["QueueUrls"]
+    sqs.delete_queue(QueueUrl=other_url)
