@@ -1,7 +1,9 @@
 """Micro-batching: many concurrent single sends/deletes become few 10-entry SQS calls.
 
-Callers `await` one item and get its own outcome; a short linger collects items that arrive
-together, and a bounded number of batch calls run at once. Entries that SQS reports as failed
+Callers `await` one item and get its own outcome. Like Nagle's algorithm, an item goes out at
+once when no call is in flight; while calls are in flight, items linger briefly and leave ten at a
+time. So a lone episode pays no batching delay, and a busy worker makes few calls. A bounded
+number of batch calls run at once. Entries that SQS reports as failed
 for a server-side reason are retried a few times; sender faults fail that item only.
 """
 
@@ -58,7 +60,7 @@ class MicroBatcher(Generic[T]):
 
     async def _run(self) -> None:
         while not self._pending.empty():
-            if self._pending.qsize() < MAX_BATCH:
+            if self._calls and self._pending.qsize() < MAX_BATCH:
                 await asyncio.sleep(self._linger_s)
             batch, size = [], 0
             while not self._pending.empty() and len(batch) < MAX_BATCH:

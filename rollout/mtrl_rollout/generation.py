@@ -35,7 +35,7 @@ class GenerationServer:
         codec: Codec | None = None,
         receivers: int = 2,
         max_batch: int = 64,
-        max_wait_s: float = 0.002,
+        max_wait_s: float = 0.0,
         wait_s: int = 1,
     ) -> None:
         self._sqs = sqs
@@ -92,12 +92,15 @@ class GenerationServer:
             return []
         batch = [first]
         deadline = time.monotonic() + self._max_wait_s
-        while len(batch) < self._max_batch and not stop.is_set():
+        while len(batch) < self._max_batch:
+            if not self._inbox.empty():
+                batch.append(self._inbox.get_nowait())
+                continue
             remaining = deadline - time.monotonic()
-            if remaining <= 0 and self._inbox.empty():
+            if remaining <= 0 or stop.is_set():
                 break
             try:
-                batch.append(await asyncio.wait_for(self._inbox.get(), max(remaining, 0)))
+                batch.append(await asyncio.wait_for(self._inbox.get(), remaining))
             except TimeoutError:
                 break
         return batch
