@@ -53,8 +53,10 @@ class ResultCollector:
 
         async def receive() -> None:
             while len(got) < len(wanted) and time.monotonic() < deadline:
-                for message in await self._sqs.receive(self._queue_url, wait_s=wait_s):
-                    result = await self._accept(message)
+                messages = await self._sqs.receive(self._queue_url, wait_s=wait_s)
+                # Concurrently, so the ten deletes share one call: one by one, a slow queue
+                # could let the visibility timeout lapse and deliver the batch again.
+                for result in await asyncio.gather(*(self._accept(m) for m in messages)):
                     if result is not None and result.sample_id in wanted:
                         got.setdefault(result.sample_id, result)
 

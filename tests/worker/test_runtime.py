@@ -56,7 +56,9 @@ def reply_queue_exists(run: Run, worker_id: str) -> bool:
 
 
 async def test_hundreds_of_concurrent_episodes_across_worker_processes(run: Run) -> None:
-    workers = [run.start_worker(MTRL_CONCURRENCY="100") for _ in range(3)]
+    # A production-like lease: the 3 s queue default is for the crash test, and moto under this
+    # load can take longer than that to renew it.
+    workers = [run.start_worker(MTRL_CONCURRENCY="100", MTRL_LEASE_S="60") for _ in range(3)]
     wait_ready(*workers)
     requests = [run.request(f"s{i:03d}", GUESSES[i % len(GUESSES)]) for i in range(240)]
     started = time.monotonic()

@@ -79,8 +79,7 @@ class PolicyClient:
                 log.exception("receiving from reply queue %s failed", self.reply_queue_url)
                 await asyncio.sleep(1)
                 continue
-            for message in messages:
-                await self._deliver(message)
+            await asyncio.gather(*(self._deliver(m) for m in messages))
 
     async def _deliver(self, message: Received) -> None:
         try:

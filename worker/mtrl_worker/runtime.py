@@ -181,7 +181,10 @@ class Worker:
             self._reserved += wanted  # two receivers must not both fill the same free slots
             try:
                 messages = await self._sqs.receive(
-                    c.rollout_queue_url, max_messages=wanted, wait_s=c.poll_wait_s
+                    c.rollout_queue_url,
+                    max_messages=wanted,
+                    wait_s=c.poll_wait_s,
+                    visibility_timeout_s=self._leases.lease_s,  # the lease starts at receipt
                 )
             except Exception:
                 log.exception("receiving rollout requests failed")
@@ -189,14 +192,16 @@ class Worker:
                 continue
             finally:
                 self._reserved -= wanted
-            for message in messages:
-                try:
-                    if stop.is_set():  # received while shutting down: hand it straight back
-                        await self._outbox.release(message.queue_url, message.receipt_handle)
-                    else:
-                        await self._accept(message)
-                except Exception:
-                    log.exception("handling message %s failed", message.message_id)
+            await asyncio.gather(*(self._handle(m, stop) for m in messages))
+
+    async def _handle(self, message: Received, stop: asyncio.Event) -> None:
+        try:
+            if stop.is_set():  # received while shutting down: hand it straight back
+                await self._outbox.release(message.queue_url, message.receipt_handle)
+            else:
+                await self._accept(message)
+        except Exception:
+            log.exception("handling message %s failed", message.message_id)
 
     async def _accept(self, message: Received) -> None:
         try:
