@@ -54,3 +54,10 @@ def test_other_environments_take_their_own_arguments(capsys) -> None:
     assert code == 0 and out["aggregate_reward_score"] == pytest.approx(1.0)
     code, out = run(capsys, "target", "--target", "a", "--reply", "aab")
     assert code == 0 and out["aggregate_reward_score"] == pytest.approx(2 / 3)
+
+
+def test_env_command_dispatches_to_play(capsys) -> None:
+    from mtrl_worker.play import env_main
+
+    assert env_main(["play", "wordle", "--secret", "crane", "--guess", "crane"]) == 0
+    assert json.loads(capsys.readouterr().out)["stop_reason"] == "done"

@@ -114,3 +114,12 @@ def play_main(argv: Sequence[str] | None = None) -> int:
     json.dump(out, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 1 if result.stop_reason is StopReason.ERROR else 0
+
+
+def env_main(argv: Sequence[str] | None = None) -> int:
+    """`mtrl env <tool> ...`; `play` is the one tool so far."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["play"]:
+        return play_main(argv[1:])
+    print("usage: mtrl env play ENVIRONMENT [options]  (see `mtrl env play --help`)", file=sys.stderr)
+    return 2
