@@ -379,10 +379,12 @@ class Controller:
             await self.kube.create(manifest)
 
     async def _delete_trainers(self, names: RunNames) -> None:
-        for kind, name in list(self.trainers.get(names.uid, {})):
-            await self.kube.delete(TRAINER_KINDS[kind], name, names.namespace)
+        # The rendezvous Service first: it is not watched, so the workload's existence is
+        # what brings a restarted operator back here.
         await self.kube.delete_collection(Service, names.namespace,
                                           {LABEL_RUN_UID: names.uid, LABEL_COMPONENT: "trainer"})
+        for kind, name in list(self.trainers.get(names.uid, {})):
+            await self.kube.delete(TRAINER_KINDS[kind], name, names.namespace)
 
     async def _delete_workers(self, names: RunNames, spec: MultiTurnRLRunSpec | None) -> None:
         dep = self.deployments.get(names.uid)

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         namespaces=settings.namespaces,
         standalone=not settings.peering,
         peering_name=settings.peering or None,
-        liveness_endpoint=f"http://0.0.0.0:{settings.metrics_port + 1}/healthz"
-        if settings.metrics_port else None,
+        liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz"
+        if settings.health_port else None,
     ))
     return 0

@@ -3,7 +3,7 @@
 | variable | default | meaning |
 |---|---|---|
 | MTRL_OPERATOR_ID | default | written into every AWS tag; the sweeper only touches its own |
-| MTRL_NAMESPACES | (all) | comma-separated namespaces to watch; empty watches the cluster |
+| MTRL_NAMESPACES | (all) | comma-separated namespaces (globs like `team-*` allowed) to watch; empty watches the cluster |
 | AWS_REGION | us-west-2 | region of queues and ECS tasks |
 | MTRL_ECS_CLUSTER | default | ECS cluster when a run names none |
 | MTRL_ECS_SUBNETS | | comma-separated default subnets for Fargate tasks |
@@ -12,7 +12,8 @@
 | MTRL_SWEEP_INTERVAL_SECONDS | 300 | orphan sweeper period; 0 turns it off |
 | MTRL_RESYNC_SECONDS | 30 | how often a live run is looked at without any event (ECS has no watch) |
 | MTRL_WORKERS | 8 | runs reconciled at once |
-| MTRL_METRICS_PORT | 8080 | Prometheus /metrics and /healthz |
+| MTRL_METRICS_PORT | 8080 | Prometheus /metrics; 0 turns it off |
+| MTRL_HEALTH_PORT | 8081 | liveness probe /healthz; 0 turns it off |
 | MTRL_PEERING | | kopf peering name for active/standby replicas; empty runs standalone |
 | MTRL_LOG_FORMAT | json | json or plain |
 | MTRL_CRASH_AFTER_STEP | | test hook: exit abruptly after this many cloud/API mutations |
@@ -42,6 +43,7 @@ class Settings:
     resync_seconds: float = 30.0
     workers: int = 8
     metrics_port: int = 8080
+    health_port: int = 8081
     peering: str = ""
     log_format: str = "json"
     crash_after_step: int | None = None
@@ -63,6 +65,7 @@ class Settings:
             resync_seconds=float(get("MTRL_RESYNC_SECONDS", "30")),
             workers=int(get("MTRL_WORKERS", "8")),
             metrics_port=int(get("MTRL_METRICS_PORT", "8080")),
+            health_port=int(get("MTRL_HEALTH_PORT", "8081")),
             peering=get("MTRL_PEERING", ""),
             log_format=get("MTRL_LOG_FORMAT", "json"),
             crash_after_step=int(crash) if crash else None,

@@ -27,12 +27,14 @@ class OperatorProcess:
     log_path: Path
     kubeconfig: Path | None = None
     metrics_port: int = field(default_factory=free_port)
+    health_port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
         env = {**os.environ, **TEST_DEFAULTS, **self.env,
                "KUBECONFIG": str(self.kubeconfig or self.cluster.kubeconfig),
-               "MTRL_METRICS_PORT": str(self.metrics_port)}
+               "MTRL_METRICS_PORT": str(self.metrics_port),
+               "MTRL_HEALTH_PORT": str(self.health_port)}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it)
         self.proc = subprocess.Popen([sys.executable, "-m", "mtrl_operator.cli", "operator"],

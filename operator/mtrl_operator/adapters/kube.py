@@ -89,7 +89,10 @@ class Kube:
         """UIDs of every run that exists now: read from the server, not from a cache, because
         the sweeper deletes whatever is not in this set."""
         uids: set[str] = set()
-        for ns in namespaces or ["*"]:
+        exact = [ns for ns in namespaces if not any(c in ns for c in "*?[")]
+        if len(exact) < len(namespaces) or not namespaces:  # glob patterns: list everywhere
+            exact = ["*"]
+        for ns in exact:
             async for run in self.client.list(MultiTurnRLRun, namespace=ns):
                 uids.add(run.metadata.uid)
         return uids
