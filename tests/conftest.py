@@ -106,4 +106,4 @@ def operator_factory(cluster: LocalCluster, moto_server: MotoServer, aws_env: di
 @pytest.fixture(scope="session")
 def operator(operator_factory: Callable[..., OperatorProcess]) -> OperatorProcess:
     """One operator shared by the lifecycle tests (each test uses its own namespace)."""
-    return operator_factory(MTRL_OPERATOR_ID="shared")
+    return operator_factory(MTRL_OPERATOR_ID="shared", MTRL_NAMESPACES="t-*")

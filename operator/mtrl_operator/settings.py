@@ -3,7 +3,7 @@
 | variable | default | meaning |
 |---|---|---|
 | MTRL_OPERATOR_ID | default | written into every AWS tag; the sweeper only touches its own |
-| MTRL_NAMESPACES | (all) | comma-separated namespaces (globs like `team-*` allowed) to watch; empty watches the cluster |
+| MTRL_NAMESPACES | (all) | comma-separated namespaces to watch, globs allowed (`team-*`) |
 | AWS_REGION | us-west-2 | region of queues and ECS tasks |
 | MTRL_ECS_CLUSTER | default | ECS cluster when a run names none |
 | MTRL_ECS_SUBNETS | | comma-separated default subnets for Fargate tasks |

@@ -53,6 +53,9 @@ class WorkerConfig(BaseModel):
     max_turns: int = Field(default=16, gt=0, description="Model turns per episode.")
     generate_timeout_s: float = Field(default=300, gt=0, description="Longest wait for one generation.")
     health_port: int = Field(default=8080, ge=0, le=65535, description="/healthz, /readyz; 0 off.")
+    health_host: str = Field(
+        default="0.0.0.0", description="Address the health server binds (the pod IP suffices)."
+    )
     proxy_port: int = Field(
         default=0, ge=0, le=65535, description="OpenAI-compatible proxy on 127.0.0.1; 0: any."
     )

@@ -13,11 +13,13 @@ class HealthServer:
     def __init__(
         self,
         port: int,
+        host: str,
         alive: Callable[[], bool],
         ready: Callable[[], bool],
         stats: Callable[[], dict[str, Any]],
     ) -> None:
         self._port = port
+        self._host = host
         self._alive = alive
         self._ready = ready
         self._stats = stats
@@ -30,7 +32,7 @@ class HealthServer:
         app.router.add_get("/readyz", self._probe(self._ready))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "0.0.0.0", self._port)  # the kubelet probes the pod IP
+        site = web.TCPSite(self._runner, self._host, self._port)  # the kubelet probes the pod IP
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 

@@ -117,7 +117,7 @@ class Worker:
         )
         self._proxy = PolicyProxy(c.proxy_port)
         await self._proxy.start()
-        health = HealthServer(c.health_port, self.alive, self.ready, self.stats)
+        health = HealthServer(c.health_port, c.health_host, self.alive, self.ready, self.stats)
         if c.health_port:
             await health.start()
             self.health_port = health.port

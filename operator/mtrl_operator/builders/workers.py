@@ -97,8 +97,11 @@ def deployment(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
             "name": "worker",
             "image": workers.image,
             "command": WORKER_COMMAND,
-            "env": [*as_k8s(env), {"name": "MTRL_WORKER_ID", "valueFrom": {
-                "fieldRef": {"fieldPath": "metadata.name"}}}],
+            "env": [*as_k8s(env),
+                    {"name": "MTRL_WORKER_ID", "valueFrom": {"fieldRef": {
+                        "fieldPath": "metadata.name"}}},
+                    {"name": "MTRL_HEALTH_HOST", "valueFrom": {"fieldRef": {
+                        "fieldPath": "status.podIP"}}}],
             "ports": [{"name": "health", "containerPort": HEALTH_PORT}],
             "readinessProbe": {"httpGet": {"path": "/readyz", "port": HEALTH_PORT},
                                "periodSeconds": 5},

@@ -1,0 +1,56 @@
+"""`make bench`: run every benchmark here and rewrite BENCHMARKS.md with their tables.
+
+Each benchmark is its own process and prints a markdown table; this script records the exact
+command, the date and the machine next to each table. GPU-only figures (the trainer on an
+H200) are run by hand with the command in BENCHMARKS.md; here the trainer runs `--tiny`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHES = [
+    ("Operator overhead (P1-P3)",
+     ["bench/operator_bench.py", "--runs", "20"]),
+    ("Transport (P5)",
+     ["bench/transport_bench.py", "--messages", "1000", "--concurrency", "4", "--turns", "100"]),
+    ("Trainer, CPU smoke (P6 needs a GPU: see below)",
+     ["bench/trainer_bench.py", "--tiny"]),
+]
+
+
+def main() -> int:
+    sections = []
+    failed = 0
+    for title, args in BENCHES:
+        cmd = [sys.executable, *args]
+        print(f"== {title}: {' '.join(args)}", flush=True)
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+        table = "\n".join(line for line in proc.stdout.splitlines() if line.startswith("|")
+                          or line.startswith("TRL") or line.startswith("note"))
+        if proc.returncode != 0:
+            failed += 1
+            table += f"\n\nFAILED (exit {proc.returncode}):\n```\n{proc.stderr[-2000:]}\n```"
+        print(table, flush=True)
+        sections.append(f"## {title}\n\n`.venv/bin/python {' '.join(args)}`\n\n{table}\n")
+    header = (f"# Benchmarks\n\nWritten by `make bench` on {dt.date.today()} "
+              f"({platform.machine()}, {os.cpu_count()} cores). Figures are measured side by "
+              "side in one run; the machine is shared and noisy, so read ratios, not "
+              "absolutes.\n\n")
+    body = header + "\n".join(sections)
+    notes = REPO / "bench" / "NOTES.md"
+    if notes.exists():
+        body += "\n" + notes.read_text()
+    (REPO / "BENCHMARKS.md").write_text(body)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
