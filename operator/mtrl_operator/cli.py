@@ -14,13 +14,15 @@ from pathlib import Path
 def _crds(args: argparse.Namespace) -> int:
     from mtrl_operator.api import crdgen
 
+    outs = args.out or crdgen.DESTINATIONS
     if args.check:
-        stale = crdgen.stale(args.out)
-        for name in stale:
-            print(f"stale: {args.out / name} (run `mtrl crds`)", file=sys.stderr)
+        stale = [out / name for out in outs for name in crdgen.stale(out)]
+        for path in stale:
+            print(f"stale: {path} (run `mtrl crds`)", file=sys.stderr)
         return 1 if stale else 0
-    for path in crdgen.write(args.out):
-        print(f"wrote {path}")
+    for out in outs:
+        for path in crdgen.write(out):
+            print(f"wrote {path}")
     return 0
 
 
@@ -30,6 +32,7 @@ DELEGATES = {
     "worker": ("mtrl_worker.__main__:main", "run a reward worker"),
     "env": ("mtrl_worker.play:env_main", "environment tools: `mtrl env play wordle ...`"),
     "trainer": ("mtrl_trainer.__main__:main", "run the reference GRPO+LoRA trainer"),
+    "drain": ("mtrl_operator.drain:main", "delete every run and wait for its teardown"),
     "cluster": ("mtrl_testbed.__main__:main", "local control plane: up | down | moto"),
 }
 
@@ -47,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     crds = sub.add_parser("crds", help="write the CRDs generated from the API models")
-    crds.add_argument("--out", type=Path, default=Path("crds"))
+    crds.add_argument("--out", type=Path, action="append",
+                      help="folder to write (repeatable); default: crds/ and the chart's crds/")
     crds.add_argument("--check", action="store_true", help="exit 1 if crds/ is stale")
     crds.set_defaults(func=_crds)
 

@@ -87,11 +87,17 @@ class Controller:
     def start(self) -> None:
         self.queue = WorkQueue(self.reconcile, workers=self.settings.workers)
         selector = {LABEL_MANAGED_BY: MANAGED_BY}
+        # Namespaced RBAC allows only per-namespace watches; globs need a cluster-wide one.
+        namespaces = self.settings.namespaces
+        if not namespaces or any(c in ns for ns in namespaces for c in "*?["):
+            namespaces = ["*"]
         for resource, component in ((Job, "trainer"), (PyTorchJob, "trainer"),
                                     (HyperPodPyTorchJob, "trainer"), (Deployment, "worker"),
                                     (ConfigMap, "progress")):
             labels = {**selector, LABEL_COMPONENT: component}
-            self._tasks.append(asyncio.create_task(self._watch_children(resource, labels)))
+            for ns in namespaces:
+                self._tasks.append(asyncio.create_task(
+                    self._watch_children(resource, labels, ns)))
         if self.settings.sweep_interval_seconds > 0:
             self._tasks.append(asyncio.create_task(self._sweep_forever()))
 
@@ -145,11 +151,12 @@ class Controller:
         if key and self.queue:
             self.queue.add(key)
 
-    async def _watch_children(self, resource: Any, labels: dict[str, str]) -> None:
+    async def _watch_children(self, resource: Any, labels: dict[str, str], namespace: str) -> None:
         kind = resource.__name__
         while True:
             try:
-                async for event, obj in self.kube.watch(resource, labels=labels):
+                async for event, obj in self.kube.watch(resource, labels=labels,
+                                                        namespace=namespace):
                     self.on_child(kind, event, _dump(obj))
             except asyncio.CancelledError:
                 raise
@@ -417,8 +424,7 @@ class Controller:
                 continue
             for arn in arns:
                 try:
-                    await self.aws.delete_by_arn(arn, self.settings.ecs_cluster)
-                    swept += 1
+                    swept += await self.aws.delete_by_arn(arn, self.settings.ecs_cluster)
                 except Exception as exc:  # one stubborn resource must not stop the sweep
                     log.warning("sweeper could not delete %s: %r", arn, exc)
         if swept:

@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 
 from mtrl_operator.api import GROUP
+from mtrl_rollout.queues import MANAGED_BY, resource_tags  # the data plane tags alike
 
-MANAGED_BY = "mtrl-operator"
 QUEUE_PREFIX = "mtrl-"  # the operator's IAM policy scopes SQS actions to this prefix
 
 LABEL_RUN_UID = f"{GROUP}/run-uid"
@@ -21,12 +21,6 @@ LABEL_COMPONENT = f"{GROUP}/component"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 
-TAG_RUN_UID = f"{GROUP}/run-uid"
-TAG_NAMESPACE = f"{GROUP}/namespace"
-TAG_NAME = f"{GROUP}/name"
-TAG_MANAGED_BY = f"{GROUP}/managed-by"
-TAG_OPERATOR_ID = f"{GROUP}/operator-id"
-TAG_COMPONENT = f"{GROUP}/component"
 
 FINALIZER = f"{GROUP}/cleanup"
 ANNOTATION_FORCE_RELEASE = f"{GROUP}/force-release"
@@ -114,14 +108,7 @@ class RunNames:
         return f"{self.uid}-a{attempt}-b{batch}"[:64]
 
     def tags(self, component: str) -> dict[str, str]:
-        return {
-            TAG_RUN_UID: self.uid,
-            TAG_NAMESPACE: self.namespace,
-            TAG_NAME: self.name,
-            TAG_MANAGED_BY: MANAGED_BY,
-            TAG_OPERATOR_ID: self.operator_id,
-            TAG_COMPONENT: component,
-        }
+        return resource_tags(self.uid, self.namespace, self.name, component, self.operator_id)
 
     def labels(self, component: str) -> dict[str, str]:
         """Labels on every Kubernetes object the operator creates. Deliberately without

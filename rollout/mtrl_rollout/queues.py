@@ -24,18 +24,23 @@ TAG_NAMESPACE = "mtrl.dev/namespace"
 TAG_NAME = "mtrl.dev/name"
 TAG_MANAGED_BY = "mtrl.dev/managed-by"
 TAG_COMPONENT = "mtrl.dev/component"
+TAG_OPERATOR_ID = "mtrl.dev/operator-id"
 MANAGED_BY = "mtrl-operator"
 COMPONENT_WORKER_REPLY = "worker-reply"
 
 QUEUE_NAME_MAX = 80
 
 
-def resource_tags(run_uid: str, namespace: str, name: str, component: str) -> dict[str, str]:
+def resource_tags(run_uid: str, namespace: str, name: str, component: str,
+                  operator_id: str = "default") -> dict[str, str]:
+    """Tags on everything made for a run; the operator's orphan sweeper finds them by
+    managed-by and operator-id, and groups them by run UID."""
     return {
         TAG_RUN_UID: run_uid,
         TAG_NAMESPACE: namespace,
         TAG_NAME: name,
         TAG_MANAGED_BY: MANAGED_BY,
+        TAG_OPERATOR_ID: operator_id,
         TAG_COMPONENT: component,
     }
 

@@ -45,6 +45,16 @@ _DISABLED_CONTROLLERS = ("node-ipam-controller", "node-lifecycle-controller",
                          "ttl-controller")
 
 
+class CommandFailed(subprocess.CalledProcessError):
+    """A failed kubectl or helm call whose message carries what the tool said."""
+
+    def __init__(self, cmd: list[str], result: subprocess.CompletedProcess[str]) -> None:
+        super().__init__(result.returncode, cmd, result.stdout, result.stderr)
+
+    def __str__(self) -> str:
+        return f"{' '.join(self.cmd[:1] + self.cmd[3:])} exited {self.returncode}: {self.stderr}"
+
+
 def tools_bin() -> Path:
     """Directory holding the control-plane binaries, building them on first use."""
     if env := os.environ.get("MTRL_TOOLS_BIN"):
@@ -86,8 +96,7 @@ class LocalCluster:
                *args]
         result = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=120)
         if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(result.returncode, cmd, result.stdout,
-                                                result.stderr)
+            raise CommandFailed(cmd, result)
         return result
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -97,8 +106,7 @@ class LocalCluster:
                "HELM_DATA_HOME": str(self.root / "helm" / "data")}
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
         if check and result.returncode != 0:
-            raise subprocess.CalledProcessError(result.returncode, cmd, result.stdout,
-                                                result.stderr)
+            raise CommandFailed(cmd, result)
         return result
 
     def install_crds(self, path: Path, timeout: float = 60) -> list[str]:

@@ -224,10 +224,9 @@ class NodeAgent:
 
     async def _run_container(self, state: PodProcess, pod: Pod, c: Any, mounts: dict[str, Path],
                              env_base: dict[str, str], *, wait: bool) -> int | None:
-        env = dict(env_base)
+        env = dict(env_base)  # the agent's own paths are local already: never rewritten
         for var in c.env or []:
-            env[var.name] = await self._env_value(pod, state, var)
-        env = {k: _rewrite(v, mounts) for k, v in env.items()}
+            env[var.name] = _rewrite(await self._env_value(pod, state, var), mounts)
         argv = [_rewrite(a, mounts) for a in [*(c.command or []), *(c.args or [])]]
         if not argv:
             raise RuntimeError(f"container {c.name} has no command; the node agent cannot run "
@@ -249,7 +248,7 @@ class NodeAgent:
         while probed:
             changed = False
             for c in probed:
-                ok = await _probe(state.ip, c.readinessProbe)
+                ok = await _probe(state.ip, c.readinessProbe, c.ports or [])
                 if ok != state.ready.get(c.name):
                     state.ready[c.name] = ok
                     changed = True
@@ -388,8 +387,11 @@ class NodeAgent:
 
 
 def _rewrite(value: str, mounts: dict[str, Path]) -> str:
+    """A path inside a mounted volume, as the pod's container sees it, to the local folder."""
     for mount_path in sorted(mounts, key=len, reverse=True):
-        value = value.replace(mount_path.rstrip("/"), str(mounts[mount_path]))
+        root = mount_path.rstrip("/")
+        if value == root or value.startswith(root + "/"):
+            return str(mounts[mount_path]) + value[len(root):]
     return value
 
 
@@ -406,19 +408,26 @@ def _field_ref(pod: Pod, state: PodProcess, path: str) -> str:
     return ""
 
 
-async def _probe(ip: str, probe: Any) -> bool:
+def _port(port: int | str, ports: list[Any]) -> int:
+    """A probe's port: a number, or the name of one of the container's ports."""
+    if isinstance(port, str) and not port.isdigit():
+        return next(p.containerPort for p in ports if p.name == port)
+    return int(port)
+
+
+async def _probe(ip: str, probe: Any, ports: list[Any]) -> bool:
     try:
         if probe.httpGet is not None:
-            port = probe.httpGet.port
+            port = _port(probe.httpGet.port, ports)
             async with httpx.AsyncClient(timeout=probe.timeoutSeconds or 1) as client:
                 resp = await client.get(f"http://{ip}:{port}{probe.httpGet.path or '/'}")
                 return 200 <= resp.status_code < 400
         if probe.tcpSocket is not None:
             _, writer = await asyncio.wait_for(
-                asyncio.open_connection(ip, int(probe.tcpSocket.port)), timeout=1)
+                asyncio.open_connection(ip, _port(probe.tcpSocket.port, ports)), timeout=1)
             writer.close()
             return True
-    except (OSError, httpx.HTTPError, TimeoutError):
+    except (OSError, httpx.HTTPError, TimeoutError, StopIteration):
         return False
     return True
 

@@ -82,8 +82,11 @@ def aws_leftovers(names: RunNames, cluster: str = "default") -> dict[str, list[s
     sqs, ecs = boto3.client("sqs"), boto3.client("ecs")
     tagging = boto3.client("resourcegroupstaggingapi")
     queues = sqs.list_queues(QueueNamePrefix=names.aws_prefix).get("QueueUrls", [])
-    tasks = ecs.list_tasks(cluster=cluster, startedBy=names.started_by,
-                           desiredStatus="RUNNING").get("taskArns", [])
+    try:
+        tasks = ecs.list_tasks(cluster=cluster, startedBy=names.started_by,
+                               desiredStatus="RUNNING").get("taskArns", [])
+    except ecs.exceptions.ClusterNotFoundException:  # no ECS cluster: no tasks
+        tasks = []
     definitions = [a for a in ecs.list_task_definitions(
         familyPrefix=names.task_family, status="ACTIVE").get("taskDefinitionArns", [])]
     tagged = [r["ResourceARN"] for r in tagging.get_resources(

@@ -89,7 +89,10 @@ async def test_hundreds_of_concurrent_episodes_across_worker_processes(run: Run)
     assert json.load(health)["status"] == "ok"
     assert [w.terminate() for w in workers] == [0, 0, 0]
     assert not any(reply_queue_exists(run, w.worker_id) for w in workers)
-    assert collector.duplicates == 0
+    # Delivery is at least once: on a loaded machine a lease can lapse and a sample be played
+    # twice. The collector keeps one result per sample (checked above) and drops the rest;
+    # more than a few would mean the leases are not being renewed at all.
+    assert collector.duplicates <= len(requests) // 20, collector.duplicates
     print(f"240 episodes, {run.sampler.requests} turns in {elapsed:.1f}s: {by_worker}")
 
 

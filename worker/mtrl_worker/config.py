@@ -30,6 +30,7 @@ class WorkerConfig(BaseModel):
     run_id: str = Field(min_length=1, description="UID of the MultiTurnRLRun (tags, messages).")
     run_name: str = Field(default="", description="Name of the run (tags).")
     namespace: str = Field(default="", description="Namespace of the run (tags).")
+    operator_id: str = Field(default="default", description="Operator that owns the run (tags).")
     rollout_queue_url: str = Field(description="Queue of RolloutRequests this worker consumes.")
     result_queue_url: str = Field(description="Default queue for RolloutResults.")
     generate_queue_url: str = Field(description="The trainer's GenerateRequest queue.")

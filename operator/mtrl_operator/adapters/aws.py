@@ -20,14 +20,8 @@ from botocore.exceptions import ClientError
 from mtrl_operator import metrics
 from mtrl_operator.adapters import crashpoints
 from mtrl_operator.builders.queues import DLQ, WORK_QUEUES, QueueRequest
-from mtrl_operator.naming import (
-    MANAGED_BY,
-    QUEUE_ROLES,
-    TAG_MANAGED_BY,
-    TAG_OPERATOR_ID,
-    TAG_RUN_UID,
-    RunNames,
-)
+from mtrl_operator.naming import QUEUE_ROLES, RunNames
+from mtrl_rollout.queues import MANAGED_BY, TAG_MANAGED_BY, TAG_OPERATOR_ID, TAG_RUN_UID
 
 log = logging.getLogger("mtrl.aws")
 
@@ -226,17 +220,35 @@ class Aws:
             if not token:
                 return dict(by_run)
 
-    async def delete_by_arn(self, arn: str, cluster: str) -> None:
-        """Delete one swept resource, whatever its kind."""
+    async def delete_by_arn(self, arn: str, cluster: str) -> bool:
+        """Delete one swept resource, whatever its kind; False when it was already gone.
+        (Deregistered definitions and stopped tasks keep their tags for a while, and must not
+        count as swept again at every pass.)"""
         service = arn.split(":")[2]
         if service == "sqs":
             account, name = arn.split(":")[4], arn.split(":")[5]
-            resp = await self._call(self.sqs, "get_queue_url", QueueName=name,
-                                    QueueOwnerAWSAccountId=account)
+            try:
+                resp = await self._call(self.sqs, "get_queue_url", QueueName=name,
+                                        QueueOwnerAWSAccountId=account)
+            except ClientError as exc:
+                if exc.response["Error"].get("Code") in _GONE:
+                    return False
+                raise
             await self._delete_queue(resp["QueueUrl"])
-        elif ":task-definition/" in arn:
+            return True
+        if ":task-definition/" in arn:
+            resp = await self._call(self.ecs, "describe_task_definition", taskDefinition=arn)
+            if resp["taskDefinition"].get("status") != "ACTIVE":
+                return False
             await self._call(self.ecs, "deregister_task_definition", taskDefinition=arn)
             metrics.RESOURCES_DELETED.labels(kind="task-definition").inc()
-        elif ":task/" in arn:
+            return True
+        if ":task/" in arn:
             task_cluster = arn.split("/")[1] if arn.count("/") >= 2 else cluster
+            resp = await self._call(self.ecs, "describe_tasks", cluster=task_cluster, tasks=[arn])
+            live = [t for t in resp.get("tasks", []) if t.get("desiredStatus") != "STOPPED"]
+            if not live:
+                return False
             await self.stop_tasks(task_cluster, [arn])
+            return True
+        return False

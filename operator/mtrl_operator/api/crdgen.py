@@ -186,6 +186,11 @@ def run_crd() -> dict[str, Any]:
     }
 
 
+# The repo's crds/ and the Helm chart's crds/ carry the same files.
+_REPO = Path(__file__).resolve().parents[3]
+DESTINATIONS = [_REPO / "crds", _REPO / "charts" / "mtrl-operator" / "crds"]
+
+
 def all_crds() -> dict[str, dict[str, Any]]:
     """File name in `crds/` -> CRD object."""
     return {"mtrl.dev_multiturnrlruns.yaml": run_crd()}

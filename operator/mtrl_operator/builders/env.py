@@ -26,6 +26,7 @@ def data_plane_env(names: RunNames, spec: MultiTurnRLRunSpec, queue_urls: dict[s
         "MTRL_DLQ_URL": queue_urls["dlq"],
         "MTRL_PAYLOAD_BUCKET": urlparse(spec.output.s3_uri).netloc,
         "MTRL_QUEUE_PREFIX": names.aws_prefix,
+        "MTRL_OPERATOR_ID": names.operator_id,
         "AWS_REGION": region,
     }
 

@@ -50,4 +50,5 @@ def test_defaults_are_applied_by_the_server(cluster: LocalCluster, namespace: st
     assert spec["grpo"]["epsilonHigh"] == 0.28
     assert spec["queues"]["maxReceiveCount"] == 5
     assert spec["trainer"]["launcher"] == "Job"
-    assert spec["model"]["lora"]["dropout"] == 0.05
+    assert spec["model"]["lora"]["targetModules"][0] == "q_proj"
+    assert spec["grpo"]["scaleRewards"] == "group"

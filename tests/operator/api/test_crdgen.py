@@ -13,8 +13,9 @@ from mtrl_operator.api.run import MultiTurnRLRunSpec
 REPO = Path(__file__).resolve().parents[3]
 
 
-def test_crds_directory_is_fresh() -> None:
-    assert crdgen.stale(REPO / "crds") == [], "crds/ is stale: run `make crds`"
+@pytest.mark.parametrize("folder", crdgen.DESTINATIONS, ids=lambda p: str(p.relative_to(REPO)))
+def test_crds_are_fresh(folder: Path) -> None:
+    assert crdgen.stale(folder) == [], f"{folder} is stale: run `make crds`"
 
 
 def test_stale_check_notices_a_changed_schema(tmp_path: Path) -> None:
