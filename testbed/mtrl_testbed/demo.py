@@ -1,8 +1,10 @@
 """`make demo`: the whole product on a laptop, without Docker or AWS.
 
-Starts the local control plane and moto, installs the CRDs, runs the operator, applies
-manifests/examples/tiny-cpu.yaml, shows the run's progress until it finishes, and proves that
-every ephemeral resource (queues, workers, trainer) is gone afterwards.
+Starts the local control plane and moto, `helm install`s the chart (CRDs, RBAC, and the
+operator, which the node agent runs as a process holding the chart ServiceAccount's token),
+applies manifests/examples/tiny-cpu.yaml, shows the run's progress until it finishes, plots the
+reward curve (in the terminal and as out/demo/reward.png), proves that every ephemeral resource
+(queues, workers, trainer) is gone, and uninstalls the chart.
 """
 
 from __future__ import annotations
@@ -20,10 +22,42 @@ import yaml
 from mtrl_operator.naming import RunNames
 from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
 from mtrl_testbed.moto import MotoServer
-from mtrl_testbed.operator import OperatorProcess
 
 EXAMPLE = REPO_ROOT / "manifests" / "examples" / "tiny-cpu.yaml"
+CHART = REPO_ROOT / "charts" / "mtrl-operator"
 TIMEOUT_S = 900
+# The operator pod shares this machine's loopback with the workers' health servers.
+CHART_VALUES = ['replicas=1', 'metrics={"port":19090}', 'health={"port":19091}',
+                'operator={"resyncSeconds":5,"sweepIntervalSeconds":60}']
+
+
+def _terminal_plot(rewards: dict[int, float], height: int = 8) -> str:
+    steps = sorted(rewards)
+    top = max(max(rewards.values()), 1e-9)
+    rows = []
+    for level in range(height, 0, -1):
+        cut = top * (level - 0.5) / height
+        rows.append(f"{top * level / height:5.2f} |" +
+                    "".join("#" if rewards[s] >= cut else " " for s in steps))
+    rows.append("      +" + "-" * len(steps))
+    rows.append(f"       step 1..{steps[-1]}")
+    return "\n".join(rows)
+
+
+def _png(rewards: dict[int, float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted(rewards)
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    ax.plot(steps, [rewards[s] for s in steps], marker="o")
+    ax.set(xlabel="step", ylabel="mean reward", title="tiny-target: GRPO on CPU")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def _bar(step: int, total: int, width: int = 30) -> str:
@@ -38,7 +72,8 @@ def main() -> int:
     print(f"== starting the local control plane in {root}")
     cluster = LocalCluster(root).start()
     moto = MotoServer(log_path=out / "moto.log").start()
-    operator = None
+    installed = False
+    t0 = time.monotonic()
     try:
         env = moto.env()
         (root / "pod-env.json").write_text(json.dumps(env))
@@ -48,18 +83,23 @@ def main() -> int:
         bucket = run["spec"]["output"]["s3Uri"].split("/")[2]
         boto3.client("s3").create_bucket(
             Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": env["AWS_REGION"]})
-        print("== starting the operator")
-        operator = OperatorProcess(cluster, {**env, "MTRL_LOG_FORMAT": "json"},
-                                   out / "operator.log").start()
+        print("== helm install mtrl-operator charts/mtrl-operator -n mtrl-system")
+        sets = [arg for value in CHART_VALUES for arg in ("--set-json", value)]
+        cluster.helm("install", "mtrl-operator", str(CHART), "-n", "mtrl-system",
+                     "--create-namespace", "--wait", "--timeout", "180s", *sets)
+        installed = True
         print(f"== kubectl apply -f {EXAMPLE.relative_to(REPO_ROOT)}")
         cluster.kubectl("apply", "-f", str(EXAMPLE))
         name = run["metadata"]["name"]
         started, last = time.monotonic(), ""
         status: dict = {}
+        rewards: dict[int, float] = {}
         while time.monotonic() - started < TIMEOUT_S:
             body = json.loads(cluster.kubectl("get", "mtrlrun", name, "-o", "json").stdout)
             status = body.get("status") or {}
             progress = status.get("progress") or {}
+            if progress.get("step") and progress.get("rewardMean") is not None:
+                rewards[progress["step"]] = progress["rewardMean"]
             line = (f"{status.get('phase', 'Pending'):<13} "
                     f"{_bar(progress.get('step', 0), progress.get('totalSteps', 0))} "
                     f"step {progress.get('display', '-'):>7}  reward "
@@ -72,6 +112,11 @@ def main() -> int:
                 break
             time.sleep(1)
         print(cluster.kubectl("get", "mtrlruns").stdout)
+        if rewards:
+            print("== reward curve (mean reward per step)")
+            print(_terminal_plot(rewards))
+            _png(rewards, out / "reward.png")
+            print(f"   also written to {out / 'reward.png'}")
         names = RunNames("default", name, body["metadata"]["uid"])
         time.sleep(5)
         queues = boto3.client("sqs").list_queues(QueueNamePrefix=names.aws_prefix)
@@ -82,11 +127,17 @@ def main() -> int:
         print(f"   pods, Jobs, Deployments:  {len(pods)} {pods}")
         outputs = boto3.client("s3").list_objects_v2(Bucket=bucket).get("KeyCount", 0)
         print(f"   kept outputs in s3://{bucket}: {outputs} objects")
-        print(f"== logs: {out}")
-        return 0 if status.get("phase") == "Succeeded" and not pods else 1
+        print("== helm uninstall mtrl-operator (its pre-delete hook deletes the runs first)")
+        cluster.helm("uninstall", "mtrl-operator", "-n", "mtrl-system", "--wait",
+                     "--timeout", "300s")
+        installed = False
+        left = cluster.kubectl("get", "mtrlruns", "-A", "-o", "name").stdout.split()
+        print(f"   runs left: {len(left)}")
+        print(f"== done in {time.monotonic() - t0:.0f}s; operator and pod logs: {root}/pods")
+        return 0 if status.get("phase") == "Succeeded" and not pods and not left else 1
     finally:
-        if operator:
-            operator.stop()
+        if installed:
+            cluster.helm("uninstall", "mtrl-operator", "-n", "mtrl-system", check=False)
         moto.stop()
         cluster.stop()
 

@@ -121,9 +121,14 @@ class _Translator:
         for name, field in cls.model_fields.items():
             alias = field.alias or name
             factory = field.default_factory
-            if alias in properties and isinstance(factory, type) and issubclass(factory, BaseModel):
-                properties[alias]["default"] = factory().model_dump(
+            if alias not in properties or factory is None:
+                continue
+            value = factory()  # type: ignore[call-arg]
+            if isinstance(value, BaseModel):
+                properties[alias]["default"] = value.model_dump(
                     by_alias=True, exclude_none=True, mode="json")
+            elif value:  # e.g. LoRA's target modules; empty lists and maps stay absent
+                properties[alias]["default"] = value
 
 
 def _assert_described(schema: dict[str, Any], path: str) -> None:
