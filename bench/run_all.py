@@ -25,6 +25,19 @@ BENCHES = [
 ]
 
 
+def _tables(stdout: str) -> str:
+    """The markdown tables (and TRL's note) a benchmark printed, a blank line before each new
+    table (a header row is the one followed by a `|---` row) so they do not run together."""
+    lines = [line for line in stdout.splitlines() if line.startswith(("|", "TRL"))]
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        starts_table = i + 1 < len(lines) and lines[i + 1].startswith("|---")
+        if out and (starts_table or not line.startswith("|")):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
+
+
 def main() -> int:
     sections = []
     failed = 0
@@ -33,8 +46,7 @@ def main() -> int:
         print(f"== {title}: {' '.join(args)}", flush=True)
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO)})
-        table = "\n".join(line for line in proc.stdout.splitlines() if line.startswith("|")
-                          or line.startswith("TRL") or line.startswith("note"))
+        table = _tables(proc.stdout)
         if proc.returncode != 0:
             failed += 1
             table += f"\n\nFAILED (exit {proc.returncode}):\n```\n{proc.stderr[-2000:]}\n```"
