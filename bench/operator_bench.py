@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -127,18 +128,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     moto = MotoServer().start()
     operator = None
     try:
-        import os
-
         os.environ.update(moto.env())
-        moto.keep_ecs_tasks_running()
         cluster.install_crds(Path(__file__).resolve().parents[1] / "crds")
-        boto3.client("ecs").create_cluster(clusterName="default")
-        ec2 = boto3.client("ec2")
-        vpc = ec2.create_vpc(CidrBlock="10.30.0.0/16")["Vpc"]["VpcId"]
-        ec2.modify_vpc_attribute(VpcId=vpc, EnableDnsHostnames={"Value": True})
-        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.30.1.0/24")["Subnet"]["SubnetId"]
-        group = ec2.create_security_group(GroupName="bench", Description="bench",
-                                          VpcId=vpc)["GroupId"]
+        subnet, group = moto.prepare_fargate()
         operator = OperatorProcess(cluster, {**moto.env(), "MTRL_RESYNC_SECONDS": "30",
                                              "MTRL_SWEEP_INTERVAL_SECONDS": "0"},
                                    root / "operator.log").start()

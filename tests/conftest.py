@@ -10,7 +10,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import boto3
 import pytest
 
 from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
@@ -80,15 +79,7 @@ def pods_reach_moto(cluster: LocalCluster, moto_server: MotoServer) -> None:
 def operator_factory(cluster: LocalCluster, moto_server: MotoServer, aws_env: dict[str, str],
                      pods_reach_moto: None) -> Iterator[Callable[..., OperatorProcess]]:
     """Start `mtrl operator` processes against the local cluster and moto."""
-    moto_server.keep_ecs_tasks_running()
-    boto3.client("ecs").create_cluster(clusterName="default")
-    ec2 = boto3.client("ec2")
-    vpc = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
-    # moto's RunTask (awsvpc) crashes on a subnet whose VPC lacks DNS hostnames.
-    ec2.modify_vpc_attribute(VpcId=vpc, EnableDnsHostnames={"Value": True})
-    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.20.1.0/24")["Subnet"]["SubnetId"]
-    group = ec2.create_security_group(GroupName="mtrl-workers", Description="reward workers",
-                                      VpcId=vpc)["GroupId"]
+    subnet, group = moto_server.prepare_fargate()
     network = {"MTRL_ECS_SUBNETS": subnet, "MTRL_ECS_SECURITY_GROUPS": group}
     started: list[OperatorProcess] = []
 

@@ -74,6 +74,22 @@ class MotoServer:
                                      data=body, method="POST")
         urllib.request.urlopen(req, timeout=10).close()
 
+    def prepare_fargate(self, cluster: str = "default") -> tuple[str, str]:
+        """An ECS cluster, a subnet and a security group for Fargate tasks, with tasks held at
+        RUNNING. Returns (subnet id, security group id). Needs this server's env applied."""
+        import boto3
+
+        self.keep_ecs_tasks_running()
+        boto3.client("ecs").create_cluster(clusterName=cluster)
+        ec2 = boto3.client("ec2")
+        vpc = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
+        # moto's RunTask (awsvpc) crashes on a subnet whose VPC lacks DNS hostnames.
+        ec2.modify_vpc_attribute(VpcId=vpc, EnableDnsHostnames={"Value": True})
+        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.20.1.0/24")["Subnet"]["SubnetId"]
+        group = ec2.create_security_group(GroupName=f"mtrl-workers-{cluster}",
+                                          Description="reward workers", VpcId=vpc)["GroupId"]
+        return subnet, group
+
     def stop(self) -> None:
         if self._proc is None:
             return
