@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Callable
 
 import boto3
 import pytest
 
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.operator import OperatorProcess
+from mtrl_testbed.ports import free_port
 from tests.operator.runs import (
     FAIL,
     HANG,
@@ -173,3 +176,26 @@ def test_orphans_are_swept(cluster: LocalCluster, operator: OperatorProcess) -> 
              30, "the orphaned queue to be swept")
     assert other_url in sqs.list_queues(QueueNamePrefix="mtrl-gone")["QueueUrls"]
     sqs.delete_queue(QueueUrl=other_url)
+
+
+def test_unreachable_aws_is_reported_and_force_release_unblocks_deletion(
+        cluster: LocalCluster, operator_factory: Callable[..., OperatorProcess]) -> None:
+    """AWS down for good: the run says so in Events, deletion waits behind the finalizer, and
+    the documented annotation lets an admin release it."""
+    namespace = f"noaws-{uuid.uuid4().hex[:5]}"
+    cluster.kubectl("create", "namespace", namespace)
+    operator_factory(MTRL_OPERATOR_ID="noaws", MTRL_NAMESPACES=namespace,
+                     MTRL_SWEEP_INTERVAL_SECONDS="0",
+                     AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}",  # nothing listens
+                     AWS_MAX_ATTEMPTS="1")
+    apply(cluster, namespace, run_manifest("stranded"))
+    wait_for(lambda: "ReconcileError" in _events(cluster, namespace, "stranded"), 90,
+             "a ReconcileError event")
+    cluster.kubectl("delete", "mtrlrun", "stranded", "-n", namespace, "--wait=false")
+    run = wait_for(lambda: (r := get(cluster, namespace, "stranded")) and
+                   r["metadata"].get("deletionTimestamp") and r, 30, "deletion to start")
+    assert "mtrl.dev/cleanup" in run["metadata"]["finalizers"], "held until cleaned up"
+    cluster.kubectl("annotate", "mtrlrun", "stranded", "-n", namespace,
+                    "mtrl.dev/force-release=true")
+    wait_for(lambda: get(cluster, namespace, "stranded") is None, 60, "the forced release")
+    assert "ForceReleased" in _events(cluster, namespace, "stranded")
