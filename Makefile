@@ -44,10 +44,13 @@ moto: install ## run a moto server on 127.0.0.1:5000 in the foreground
 demo: install tools ## the one-command local demo: operator, workers and trainer on CPU
 	$(BIN)/python -m mtrl_testbed.demo
 
+e2e-kind: install ## the demo on a kind cluster (needs docker, kind, kubectl, helm; CI cannot run it)
+	bash hack/e2e-kind.sh
+
 bench: install tools ## benchmarks; results go to BENCHMARKS.md
 	$(BIN)/python bench/run_all.py
 
 clean: ## remove the venv and local state (not the cached binaries)
 	rm -rf $(VENV) $(CLUSTER_DIR) out .pytest_cache .ruff_cache
 
-.PHONY: help install tools crds lint test cluster-up cluster-down moto demo bench clean
+.PHONY: help install tools crds lint test cluster-up cluster-down moto demo e2e-kind bench clean
