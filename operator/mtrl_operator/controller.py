@@ -13,6 +13,7 @@ import datetime as dt
 import logging
 import time
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 from lightkube.core.exceptions import ApiError
@@ -36,6 +37,7 @@ from mtrl_operator.builders import queues as queue_builders
 from mtrl_operator.builders import trainer as trainer_builders
 from mtrl_operator.builders import workers as worker_builders
 from mtrl_operator.builders.env import trainer_env, worker_env
+from mtrl_operator.errors import SpecError
 from mtrl_operator.naming import (
     ANNOTATION_FORCE_RELEASE,
     FINALIZER,
@@ -222,7 +224,17 @@ class Controller:
         obs = await self._observe(names, spec, spec_error, status, deleting, body)
         decision = decide(obs)
         await self._publish(body, decision)
-        await self._act(body, names, spec, obs, decision)
+        try:
+            await self._act(body, names, spec, obs, decision)
+        except SpecError as exc:
+            if deleting or decision.status.phase.finished:
+                raise  # tearing down: retry with backoff; never fail twice
+            # The spec names something that cannot exist: fail the run and tear down.
+            log.warning("%s/%s: %s: %s", names.namespace, names.name, exc.reason, exc,
+                        extra={"run": f"{names.namespace}/{names.name}"})
+            decision = decide(replace(obs, spec_error=(exc.reason, str(exc))))
+            await self._publish(body, decision)
+            await self._act(body, names, spec, obs, decision)
         if decision.requeue_after is None and not decision.status.phase.finished:
             # ECS tasks have no watch, and a missed event must not stall a run forever.
             return self.settings.resync_seconds

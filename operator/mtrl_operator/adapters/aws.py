@@ -20,6 +20,7 @@ from botocore.exceptions import ClientError
 from mtrl_operator import metrics
 from mtrl_operator.adapters import crashpoints
 from mtrl_operator.builders.queues import DLQ, WORK_QUEUES, QueueRequest
+from mtrl_operator.errors import SPEC_ERROR_CODES, SpecError
 from mtrl_operator.naming import QUEUE_ROLES, RunNames
 from mtrl_rollout.queues import MANAGED_BY, TAG_MANAGED_BY, TAG_OPERATOR_ID, TAG_RUN_UID
 
@@ -27,8 +28,7 @@ log = logging.getLogger("mtrl.aws")
 
 RETRY_CONFIG = Config(retries={"max_attempts": 8, "mode": "standard"}, connect_timeout=5,
                       read_timeout=30, max_pool_connections=32)
-_GONE = ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist",
-         "ClientException", "InvalidParameterException")
+_GONE = ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")
 
 
 @dataclass(frozen=True)
@@ -75,8 +75,11 @@ class Aws:
         try:
             return await asyncio.to_thread(getattr(client, op), **kwargs)
         except ClientError as exc:
-            metrics.CLOUD_ERRORS.labels(operation=op,
-                                        code=exc.response["Error"].get("Code", "?")).inc()
+            code = exc.response["Error"].get("Code", "?")
+            metrics.CLOUD_ERRORS.labels(operation=op, code=code).inc()
+            if code in SPEC_ERROR_CODES:
+                raise SpecError(code, f"{op}: {exc.response['Error'].get('Message', code)}") \
+                    from exc
             raise
 
     # ------------------------------------------------------------------ queues
@@ -165,8 +168,13 @@ class Aws:
     async def worker_tasks(self, names: RunNames, cluster: str) -> list[WorkerTask]:
         arns: list[str] = []
         for desired in ("RUNNING", "STOPPED"):
-            resp = await self._call(self.ecs, "list_tasks", cluster=cluster,
-                                    startedBy=names.started_by, desiredStatus=desired)
+            try:
+                resp = await self._call(self.ecs, "list_tasks", cluster=cluster,
+                                        startedBy=names.started_by, desiredStatus=desired)
+            except SpecError as exc:
+                if exc.reason == "ClusterNotFoundException":  # no cluster, no tasks
+                    return []
+                raise
             arns += resp.get("taskArns", [])
         if not arns:
             return []

@@ -17,6 +17,7 @@ from lightkube.types import CascadeType, PatchType
 from mtrl_operator import metrics
 from mtrl_operator.adapters import crashpoints
 from mtrl_operator.api import API_VERSION, GROUP, VERSION
+from mtrl_operator.errors import SpecError
 
 log = logging.getLogger("mtrl.kube")
 FIELD_MANAGER = "mtrl-operator"
@@ -46,6 +47,9 @@ class Kube:
         except ApiError as exc:
             if exc.status.code == 409:
                 return False
+            if exc.status.code == 422:  # the run's spec made an object Kubernetes refuses
+                raise SpecError("InvalidChildObject", f"{manifest['kind']} "
+                                f"{manifest['metadata']['name']}: {exc.status.message}") from exc
             raise
         crashpoints.step(f"create {manifest['kind']} {manifest['metadata']['name']}")
         metrics.RESOURCES_CREATED.labels(kind=manifest["kind"]).inc()

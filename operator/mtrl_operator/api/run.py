@@ -20,7 +20,17 @@ ShortText = Annotated[str, Field(max_length=1024)]
 Image = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\s]+$")]
 S3Uri = Annotated[str, Field(max_length=1024, pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")]
 Quantity = Annotated[str, Field(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?([EPTGMK]i?|[mkMGTPE]|e[0-9]+)?$")]
-LabelMap = Annotated[dict[str, Annotated[str, Field(max_length=253)]], Field(max_length=64)]
+# Label keys are qualified names (CEL: structural schemas cannot constrain map keys); values are
+# label values. Checked here so that the server refuses them, not the Pods made from them.
+_LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+_QUALIFIED_KEY = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                  r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_KEYS_QUALIFIED = rules(rule(f"self.all(k, k.matches(r'{_QUALIFIED_KEY}'))",
+                             "keys must be qualified names like example.com/name"))
+LabelValue = Annotated[str, Field(max_length=63, pattern=_LABEL_VALUE)]
+LabelMap = Annotated[dict[str, LabelValue], Field(max_length=64, json_schema_extra=_KEYS_QUALIFIED)]
+DnsSubdomain = Annotated[str, Field(max_length=253,
+                                    pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")]
 
 
 class LauncherKind(StrEnum):
@@ -82,7 +92,7 @@ class ModelSpec(ApiModel):
 
 
 class Toleration(ApiModel):
-    key: Annotated[str, Field(max_length=253)] | None = None
+    key: Annotated[str, Field(max_length=253, pattern=_QUALIFIED_KEY.replace("\\\\", "\\"))] | None = None
     """Taint key the toleration applies to; empty with operator Exists matches all."""
     operator: Literal["Exists", "Equal"] = "Equal"
     """Exists or Equal. Default Equal."""
@@ -102,10 +112,12 @@ class EnvVar(ApiModel):
 
 
 class Resources(ApiModel):
-    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
+    requests: dict[str, Quantity] = Field(default_factory=dict, max_length=16,
+                                          json_schema_extra=_KEYS_QUALIFIED)
     """Extra resource requests per trainer pod (e.g. cpu, memory). GPUs and EFA come from
     gpusPerNode and efaPerNode."""
-    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=16)
+    limits: dict[str, Quantity] = Field(default_factory=dict, max_length=16,
+                                        json_schema_extra=_KEYS_QUALIFIED)
     """Extra resource limits per trainer pod."""
 
 
@@ -142,7 +154,7 @@ class TrainerSpec(ApiModel):
     env: Annotated[list[EnvVar], Field(max_length=128, json_schema_extra=list_map("name"))] = Field(
         default_factory=list)
     """Extra environment variables for the trainer container."""
-    service_account_name: Annotated[str, Field(max_length=253)] | None = None
+    service_account_name: DnsSubdomain | None = None
     """ServiceAccount of trainer pods (for IRSA/Pod Identity access to S3). Default: the
     namespace's default."""
 
@@ -240,7 +252,7 @@ class EcsSpec(ApiModel):
 
 
 class KubernetesWorkersSpec(ApiModel):
-    service_account_name: Annotated[str, Field(max_length=253)] | None = None
+    service_account_name: DnsSubdomain | None = None
     """ServiceAccount of worker pods (IRSA/Pod Identity for SQS). Default: the namespace's
     default."""
     node_selector: LabelMap = Field(default_factory=dict)
@@ -386,10 +398,10 @@ class LifecycleSpec(ApiModel):
 
 
 class SchedulingSpec(ApiModel):
-    queue_name: Annotated[str, Field(max_length=63)] | None = None
+    queue_name: LabelValue | None = None
     """Kueue LocalQueue for the trainer (label kueue.x-k8s.io/queue-name), e.g.
     hyperpod-ns-<team>-localqueue for HyperPod task governance."""
-    priority_class: Annotated[str, Field(max_length=253)] | None = None
+    priority_class: LabelValue | None = None
     """Kueue workload priority class (label kueue.x-k8s.io/priority-class)."""
 
 

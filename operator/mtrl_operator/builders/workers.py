@@ -6,18 +6,11 @@ from typing import Any
 
 from mtrl_operator.api.run import MultiTurnRLRunSpec
 from mtrl_operator.builders.env import HEALTH_PORT, as_k8s
+from mtrl_operator.errors import SpecError
 from mtrl_operator.naming import RunNames
 
 WORKER_COMMAND = ["mtrl", "worker"]
 RUN_TASK_BATCH = 10  # ECS RunTask starts at most 10 tasks per call
-
-
-class SpecError(ValueError):
-    """A spec the schema accepted but that cannot be run; the run fails with this reason."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 def task_definition(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],

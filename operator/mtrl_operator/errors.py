@@ -1,0 +1,19 @@
+"""Errors that end a run instead of being retried."""
+
+from __future__ import annotations
+
+# AWS error codes that mean the run's spec names something missing or invalid (an ECS cluster,
+# a subnet, a security group, an image): retrying cannot help, so the run fails with the code.
+SPEC_ERROR_CODES = frozenset({
+    "ClusterNotFoundException", "InvalidParameterException", "ClientException",
+    "InvalidSubnetID.NotFound", "InvalidGroup.NotFound", "InvalidSecurityGroupID.NotFound",
+    "InvalidParameterValue",
+})
+
+
+class SpecError(Exception):
+    """A spec the schema accepted but that cannot be run; the run fails with `reason`."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
