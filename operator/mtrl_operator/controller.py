@@ -81,6 +81,7 @@ class Controller:
         self.trainers: dict[str, dict[tuple[str, str], dict[str, Any]]] = defaultdict(dict)
         self.deployments: dict[str, dict[str, Any]] = {}
         self.progress: dict[str, dict[str, Any]] = {}
+        self.phases: dict[Key, str] = {}  # for the runs-by-phase gauge, kept in O(1) per change
         self.queue: WorkQueue | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -116,6 +117,7 @@ class Controller:
         meta = body["metadata"]
         key = (meta["namespace"], meta["name"])
         if event_type == "DELETED":
+            self._track_phase(key, None)
             self.runs.pop(key, None)
             self.keys_by_uid.pop(meta["uid"], None)
             for cache in (self.trainers, self.deployments, self.progress):
@@ -124,9 +126,22 @@ class Controller:
                 self.queue.forget(key)
             return
         self.runs[key] = body
+        self._track_phase(key, (body.get("status") or {}).get("phase") or Phase.PENDING.value)
         self.keys_by_uid[meta["uid"]] = key
         if self.queue:
             self.queue.add(key)
+
+    def _track_phase(self, key: Key, phase: str | None) -> None:
+        previous = self.phases.pop(key, None)
+        if previous == phase:
+            if phase is not None:
+                self.phases[key] = phase
+            return
+        if previous is not None:
+            metrics.RUNS_BY_PHASE.labels(phase=previous).dec()
+        if phase is not None:
+            metrics.RUNS_BY_PHASE.labels(phase=phase).inc()
+            self.phases[key] = phase
 
     def on_child(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -325,13 +340,9 @@ class Controller:
         if new != old:
             await self.kube.patch_status(meta["namespace"], meta["name"], new)
             body["status"] = new  # our cache sees our own write before the watch echoes it
+            self._track_phase((meta["namespace"], meta["name"]), new["phase"])
         for event in decision.events:
             await self.kube.event(body, event.type, event.reason, event.message)
-        phases = defaultdict(int)
-        for run in self.runs.values():
-            phases[(run.get("status") or {}).get("phase", Phase.PENDING.value)] += 1
-        for phase in Phase:
-            metrics.RUNS_BY_PHASE.labels(phase=phase.value).set(phases.get(phase.value, 0))
 
     # ------------------------------------------------------------------ actions
 
