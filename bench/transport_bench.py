@@ -86,14 +86,8 @@ async def throughput(sqs: Sqs, url: str, total: int, workers: int, batched: bool
 
 
 def _response(request: GenerateRequest) -> GenerateResponse:
-    return GenerateResponse(
-        run_id=request.run_id,
-        step=request.step,
-        group_id=request.group_id,
-        sample_id=request.sample_id,
-        policy_version=request.policy_version,
-        request_id=request.request_id,
-        turn=request.turn,
+    return GenerateResponse.replying_to(
+        request,
         prompt_token_ids=list(range(64)),
         choices=[
             Choice(

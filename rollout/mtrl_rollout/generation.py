@@ -139,13 +139,7 @@ class GenerationServer:
 
 
 def error_response(request: GenerateRequest, error: str) -> GenerateResponse:
-    return GenerateResponse(
-        run_id=request.run_id,
-        step=request.step,
-        group_id=request.group_id,
-        sample_id=request.sample_id,
-        policy_version=request.policy_version,
-        request_id=request.request_id,
-        turn=request.turn,
+    return GenerateResponse.replying_to(
+        request,
         error=error,
     )

@@ -152,6 +152,14 @@ class GenerateResponse(_Envelope):
     choices: list[Choice] = Field(default_factory=list)
     error: str | None = Field(default=None, description="Set when the trainer could not sample.")
 
+    @classmethod
+    def replying_to(cls, request: GenerateRequest, **fields: Any) -> GenerateResponse:
+        """The response to `request`: its run, step, group, sample, request and turn ids (and
+        its policy version unless `fields` names the one that actually sampled)."""
+        ids = {name: getattr(request, name) for name in (
+            "run_id", "step", "group_id", "sample_id", "policy_version", "request_id", "turn")}
+        return cls(**{**ids, **fields})
+
     @model_validator(mode="after")
     def _choices_or_error(self) -> GenerateResponse:
         if bool(self.choices) == bool(self.error):

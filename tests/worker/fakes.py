@@ -13,14 +13,9 @@ from mtrl_rollout.protocol import (
 def scripted_response(request: GenerateRequest, text: str, policy_version: int = 1) -> GenerateResponse:
     """Prompt ids: one token per message so far; completion ids: one per character."""
     completion = [ord(c) for c in text]
-    return GenerateResponse(
-        run_id=request.run_id,
-        step=request.step,
-        group_id=request.group_id,
-        sample_id=request.sample_id,
+    return GenerateResponse.replying_to(
+        request,
         policy_version=policy_version,
-        request_id=request.request_id,
-        turn=request.turn,
         prompt_token_ids=list(range(len(request.messages))),
         choices=[
             Choice(

@@ -132,14 +132,9 @@ class GenerationService:
         self, request: GenerateRequest, prompt: list[int], out: Sampled, version: int
     ) -> GenerateResponse:
         text = self._policy.tokenizer.decode(out.token_ids)
-        return GenerateResponse(
-            run_id=request.run_id,
-            step=request.step,
-            group_id=request.group_id,
-            sample_id=request.sample_id,
+        return GenerateResponse.replying_to(
+            request,
             policy_version=version,
-            request_id=request.request_id,
-            turn=request.turn,
             prompt_token_ids=prompt,
             choices=[Choice(
                 message=ChatMessage(role="assistant", content=text),
