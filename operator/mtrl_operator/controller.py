@@ -91,14 +91,11 @@ class Controller:
         self.queue = WorkQueue(self.reconcile, workers=self.settings.workers)
         selector = {LABEL_MANAGED_BY: MANAGED_BY}
         # Namespaced RBAC allows only per-namespace watches; globs need a cluster-wide one.
-        namespaces = self.settings.namespaces
-        if not namespaces or any(c in ns for ns in namespaces for c in "*?["):
-            namespaces = ["*"]
         for resource, component in ((Job, "trainer"), (PyTorchJob, "trainer"),
                                     (HyperPodPyTorchJob, "trainer"), (Deployment, "worker"),
                                     (ConfigMap, "progress")):
             labels = {**selector, LABEL_COMPONENT: component}
-            for ns in namespaces:
+            for ns in self.settings.list_scopes:
                 self._tasks.append(asyncio.create_task(
                     self._watch_children(resource, labels, ns)))
         if self.settings.sweep_interval_seconds > 0:
@@ -278,9 +275,10 @@ class Controller:
                        spec_error: tuple[str, str] | None, status: MultiTurnRLRunStatus,
                        deleting: bool, body: dict[str, Any]) -> Observed:
         refs = ResourceRefs()
-        settled = status.phase.finished and not status.resources.queues \
+        # A finished run whose status records nothing left in AWS needs no AWS calls.
+        skip_aws = not deleting and status.phase.finished and not status.resources.queues \
             and not status.resources.task_arns and not status.resources.task_definition_arn
-        queue_urls = {} if settled and not deleting else await self.aws.queues(names)
+        queue_urls = {} if skip_aws else await self.aws.queues(names)
         refs.queues = [QueueRef(role=r, url=u) for r, u in sorted(queue_urls.items())]
 
         workers_exist, desired, ready = False, 0, 0
@@ -292,7 +290,7 @@ class Controller:
                 refs.worker_deployment = dep["metadata"]["name"]
                 desired = (dep.get("spec") or {}).get("replicas") or 0
                 ready = (dep.get("status") or {}).get("readyReplicas") or 0
-        elif not (settled and not deleting):
+        elif not skip_aws:
             tasks = await self._ecs_tasks(names, spec)
             live = [t for t in tasks if t.live]
             definitions = await self.aws.active_task_definitions(names)
@@ -440,7 +438,7 @@ class Controller:
 
     async def sweep_once(self) -> int:
         """Delete cloud resources tagged by this operator whose run no longer exists."""
-        known = await self.kube.run_uids(self.settings.namespaces)
+        known = await self.kube.run_uids(self.settings.list_scopes)
         swept = 0
         for uid, arns in (await self.aws.tagged(self.settings.operator_id)).items():
             if uid in known:

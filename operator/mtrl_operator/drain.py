@@ -7,7 +7,6 @@ while runs still carry its finalizer (which would strand them and their cloud re
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -15,6 +14,7 @@ from lightkube import Client
 from lightkube.core.exceptions import ApiError
 
 from mtrl_operator.adapters.kube import MultiTurnRLRun
+from mtrl_operator.settings import Settings
 
 
 def _runs(client: Client, namespaces: list[str]) -> list[tuple[str, str]]:
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mtrl drain", description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args(argv)
-    namespaces = [n for n in os.environ.get("MTRL_NAMESPACES", "").split(",") if n]
+    namespaces = Settings.from_env().namespaces  # the chart's values allow no globs here
     client = Client()
     for namespace, name in _runs(client, namespaces):
         try:

@@ -48,6 +48,14 @@ class Settings:
     log_format: str = "json"
     crash_after_step: int | None = None
 
+    @property
+    def list_scopes(self) -> list[str]:
+        """Namespaces to list and watch in: the listed ones, or "*" (all) when none are listed
+        or any is a glob (a pattern cannot be listed; kopf filters runs by it)."""
+        if not self.namespaces or any(c in ns for ns in self.namespaces for c in "*?["):
+            return ["*"]
+        return list(self.namespaces)
+
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
         env = dict(os.environ if environ is None else environ)

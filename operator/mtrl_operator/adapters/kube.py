@@ -89,14 +89,11 @@ class Kube:
             if exc.status.code != 404:
                 raise
 
-    async def run_uids(self, namespaces: list[str]) -> set[str]:
-        """UIDs of every run that exists now: read from the server, not from a cache, because
-        the sweeper deletes whatever is not in this set."""
+    async def run_uids(self, scopes: list[str]) -> set[str]:
+        """UIDs of every run that exists now in `scopes` (namespaces, or "*"): read from the
+        server, not from a cache, because the sweeper deletes whatever is not in this set."""
         uids: set[str] = set()
-        exact = [ns for ns in namespaces if not any(c in ns for c in "*?[")]
-        if len(exact) < len(namespaces) or not namespaces:  # glob patterns: list everywhere
-            exact = ["*"]
-        for ns in exact:
+        for ns in scopes:
             async for run in self.client.list(MultiTurnRLRun, namespace=ns):
                 uids.add(run.metadata.uid)
         return uids
