@@ -73,6 +73,8 @@ def test_happy_path_ecs_fargate_workers(cluster: LocalCluster, namespace: str,
         "maxReplicas": 12}))
     run = wait_phase(cluster, namespace, "fargate", "Succeeded")
     names = names_of(run)
+    # Succeeded is written before teardown runs: count what was started once it is over.
+    wait_clean(cluster, names)
     ecs = boto3.client("ecs")
     stopped = ecs.list_tasks(cluster="default", startedBy=names.started_by,
                              desiredStatus="STOPPED")["taskArns"]
@@ -82,7 +84,6 @@ def test_happy_path_ecs_fargate_workers(cluster: LocalCluster, namespace: str,
     inactive = ecs.list_task_definitions(familyPrefix=names.task_family,
                                          status="INACTIVE")["taskDefinitionArns"]
     assert len(inactive) == 1, "one task definition was registered, and deregistered"
-    wait_clean(cluster, names)
 
 
 def test_failure_is_retried_from_a_new_attempt(cluster: LocalCluster, namespace: str,
