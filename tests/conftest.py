@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
 from mtrl_testbed.moto import MotoServer
 from mtrl_testbed.operator import OperatorProcess
+from mtrl_testbed.ports import wait_until
 
 ARTIFACTS = Path(os.environ.get("MTRL_TEST_ARTIFACTS", REPO_ROOT / "out" / "test"))
 
@@ -96,5 +98,10 @@ def operator_factory(cluster: LocalCluster, moto_server: MotoServer, aws_env: di
 
 @pytest.fixture(scope="session")
 def operator(operator_factory: Callable[..., OperatorProcess]) -> OperatorProcess:
-    """One operator shared by the lifecycle tests (each test uses its own namespace)."""
-    return operator_factory(MTRL_OPERATOR_ID="shared", MTRL_NAMESPACES="t-*")
+    """One operator shared by the lifecycle tests (each test uses its own namespace). Request
+    it before `namespace`, so the operator already watches when the namespace appears."""
+    proc = operator_factory(MTRL_OPERATOR_ID="shared", MTRL_NAMESPACES="t-*")
+    wait_until(lambda: urllib.request.urlopen(
+        f"http://127.0.0.1:{proc.health_port}/healthz", timeout=2).status == 200,
+        60, "the shared operator's liveness endpoint")
+    return proc

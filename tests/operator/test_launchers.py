@@ -48,7 +48,7 @@ def _workload(cluster: LocalCluster, resource: str, namespace: str) -> dict:
     ("HyperPodPyTorchJob", "hyperpodpytorchjobs.sagemaker.amazonaws.com",
      ("Created", "Running"), ("Created", "Completed")),
 ])
-def test_launcher_lifecycle(cluster: LocalCluster, namespace: str, operator: OperatorProcess,
+def test_launcher_lifecycle(cluster: LocalCluster, operator: OperatorProcess, namespace: str,
                             launcher_crds: None, launcher: str, resource: str,
                             running: tuple[str, ...], done: tuple[str, ...]) -> None:
     apply(cluster, namespace, run_manifest("gpu", trainer={
@@ -86,8 +86,8 @@ def test_launcher_lifecycle(cluster: LocalCluster, namespace: str, operator: Ope
     assert gone == ""
 
 
-def test_restarting_then_failed_pytorchjob_is_retried(cluster: LocalCluster, namespace: str,
-                                                     operator: OperatorProcess,
+def test_restarting_then_failed_pytorchjob_is_retried(cluster: LocalCluster,
+                                                     operator: OperatorProcess, namespace: str,
                                                      launcher_crds: None) -> None:
     resource = "pytorchjobs.kubeflow.org"
     apply(cluster, namespace, run_manifest("flaky-gpu", trainer={

@@ -36,8 +36,8 @@ def _events(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
     return [e["reason"] for e in json.loads(out.stdout)["items"]]
 
 
-def test_happy_path_kubernetes_workers(cluster: LocalCluster, namespace: str,
-                                       operator: OperatorProcess) -> None:
+def test_happy_path_kubernetes_workers(cluster: LocalCluster, operator: OperatorProcess,
+                                       namespace: str) -> None:
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket="mtrl-test-outputs",
                      CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
@@ -66,8 +66,8 @@ def test_happy_path_kubernetes_workers(cluster: LocalCluster, namespace: str,
                          Key="runs/adapter/adapter_model.safetensors")["Body"].read() == b"weights"
 
 
-def test_happy_path_ecs_fargate_workers(cluster: LocalCluster, namespace: str,
-                                        operator: OperatorProcess) -> None:
+def test_happy_path_ecs_fargate_workers(cluster: LocalCluster, operator: OperatorProcess,
+                                        namespace: str) -> None:
     apply(cluster, namespace, run_manifest("fargate", workers={
         "backend": "ecs-fargate", "cpu": 256, "memory": 512, "minReplicas": 2,
         "maxReplicas": 12}))
@@ -86,8 +86,8 @@ def test_happy_path_ecs_fargate_workers(cluster: LocalCluster, namespace: str,
     assert len(inactive) == 1, "one task definition was registered, and deregistered"
 
 
-def test_failure_is_retried_from_a_new_attempt(cluster: LocalCluster, namespace: str,
-                                               operator: OperatorProcess) -> None:
+def test_failure_is_retried_from_a_new_attempt(cluster: LocalCluster, operator: OperatorProcess,
+                                               namespace: str) -> None:
     flaky = ["python", "-c", "import os, sys; sys.exit(0 if os.environ['MTRL_ATTEMPT'] == '2' "
              "else 1)"]
     apply(cluster, namespace, run_manifest("flaky", trainer={"command": flaky},
@@ -98,8 +98,8 @@ def test_failure_is_retried_from_a_new_attempt(cluster: LocalCluster, namespace:
     wait_clean(cluster, names_of(run))
 
 
-def test_backoff_limit_then_failed(cluster: LocalCluster, namespace: str,
-                                   operator: OperatorProcess) -> None:
+def test_backoff_limit_then_failed(cluster: LocalCluster, operator: OperatorProcess,
+                                   namespace: str) -> None:
     apply(cluster, namespace, run_manifest("doomed", trainer={"command": FAIL},
                                            lifecycle={"backoffLimit": 1}))
     run = wait_phase(cluster, namespace, "doomed", "Failed")
@@ -108,8 +108,8 @@ def test_backoff_limit_then_failed(cluster: LocalCluster, namespace: str,
     wait_clean(cluster, names_of(run))
 
 
-def test_deadline_exceeded(cluster: LocalCluster, namespace: str,
-                           operator: OperatorProcess) -> None:
+def test_deadline_exceeded(cluster: LocalCluster, operator: OperatorProcess,
+                           namespace: str) -> None:
     apply(cluster, namespace, run_manifest("slow", trainer={"command": HANG},
                                            lifecycle={"activeDeadlineSeconds": 8}))
     run = wait_phase(cluster, namespace, "slow", "Failed", timeout=60)
@@ -117,8 +117,8 @@ def test_deadline_exceeded(cluster: LocalCluster, namespace: str,
     wait_clean(cluster, names_of(run))
 
 
-def test_suspend_keeps_queues_and_resume_finishes(cluster: LocalCluster, namespace: str,
-                                                  operator: OperatorProcess) -> None:
+def test_suspend_keeps_queues_and_resume_finishes(cluster: LocalCluster, operator: OperatorProcess,
+                                                  namespace: str) -> None:
     apply(cluster, namespace, run_manifest("pausable", trainer={"command": HANG}))
     run = wait_phase(cluster, namespace, "pausable", "Running")
     names = names_of(run)
@@ -136,8 +136,8 @@ def test_suspend_keeps_queues_and_resume_finishes(cluster: LocalCluster, namespa
     wait_clean(cluster, names)
 
 
-def test_delete_while_provisioning_leaves_nothing(cluster: LocalCluster, namespace: str,
-                                                  operator: OperatorProcess) -> None:
+def test_delete_while_provisioning_leaves_nothing(cluster: LocalCluster, operator: OperatorProcess,
+                                                  namespace: str) -> None:
     apply(cluster, namespace, run_manifest("hasty", workers={
         "backend": "ecs-fargate", "cpu": 256, "memory": 512, "minReplicas": 1,
         "maxReplicas": 3}))
@@ -149,8 +149,8 @@ def test_delete_while_provisioning_leaves_nothing(cluster: LocalCluster, namespa
     wait_clean(cluster, names_of(run))
 
 
-def test_deeper_spec_errors_fail_the_run_not_the_operator(cluster: LocalCluster, namespace: str,
-                                                          operator: OperatorProcess) -> None:
+def test_deeper_spec_errors_fail_the_run_not_the_operator(cluster: LocalCluster, operator: OperatorProcess,
+                                                          namespace: str) -> None:
     apply(cluster, namespace, run_manifest("noenv", rollout={"environment": "chess"}))
     apply(cluster, namespace, run_manifest("nosubnet", workers={
         "backend": "ecs-fargate", "cpu": 256, "memory": 512, "ecs": {"subnets": []}}))
