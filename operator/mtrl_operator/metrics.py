@@ -8,6 +8,9 @@ RUNS_BY_PHASE = Gauge("mtrl_runs", "Runs by phase", ["phase"])
 RECONCILE_SECONDS = Histogram("mtrl_reconcile_seconds", "Time to reconcile one run once",
                               buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 RECONCILE_ERRORS = Counter("mtrl_reconcile_errors_total", "Reconciles that raised", ["kind"])
+# Every HTTP request botocore sends, retries included: what AWS bills and throttles.
+CLOUD_REQUESTS = Counter("mtrl_cloud_api_requests_total", "AWS API requests sent",
+                         ["service", "operation"])
 CLOUD_ERRORS = Counter("mtrl_cloud_api_errors_total", "AWS API errors by operation",
                        ["operation", "code"])
 RESOURCES_CREATED = Counter("mtrl_resources_created_total", "Resources created", ["kind"])

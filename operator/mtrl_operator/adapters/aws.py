@@ -63,13 +63,25 @@ def _queue_role(names: RunNames, url: str) -> str | None:
     return None
 
 
+def _count_request(event_name: str, **_: Any) -> None:
+    _, service, operation = event_name.split(".", 2)  # before-send.<service>.<Operation>
+    metrics.CLOUD_REQUESTS.labels(service=service, operation=operation).inc()
+
+
+def client(session: boto3.session.Session, service: str) -> Any:
+    """A client with the operator's retry settings whose every HTTP request is counted."""
+    made = session.client(service, config=RETRY_CONFIG)
+    made.meta.events.register("before-send", _count_request)
+    return made
+
+
 class Aws:
     def __init__(self, region: str) -> None:
         session = boto3.session.Session(region_name=region)
         self.region = region
-        self.sqs = session.client("sqs", config=RETRY_CONFIG)
-        self.ecs = session.client("ecs", config=RETRY_CONFIG)
-        self.tagging = session.client("resourcegroupstaggingapi", config=RETRY_CONFIG)
+        self.sqs = client(session, "sqs")
+        self.ecs = client(session, "ecs")
+        self.tagging = client(session, "resourcegroupstaggingapi")
 
     async def _call(self, client: Any, op: str, **kwargs: Any) -> dict[str, Any]:
         try:

@@ -1,0 +1,273 @@
+"""One operator replica, many concurrent runs (target P4 of the guide, issue 7).
+
+For each N, on the local control plane with moto, with compute simulated:
+
+1. a fresh operator process starts (so its peak RSS and CPU belong to this N alone);
+2. N runs are created at once, each with a PyTorchJob trainer (no training operator runs here:
+   this script plays it, marking each PyTorchJob Running as soon as it appears) and one
+   ECS Fargate worker (moto holds tasks at RUNNING);
+3. time until every run's phase is Running;
+4. every PyTorchJob is marked Succeeded; time until every run is Succeeded and moto holds no
+   queue and no running task of any run (teardown);
+5. every run is deleted; time until the API server has none left;
+6. the operator's peak RSS (VmHWM) and CPU seconds from /proc, its Kubernetes API requests
+   from the API server's audit log (it runs as its own user), its AWS requests from its
+   `mtrl_cloud_api_requests_total` counter (botocore's before-send: retries included), and
+   its reconciles from `mtrl_reconcile_seconds_count`.
+
+    python bench/scale_bench.py --runs 10 100 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+from lightkube import Client
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.resources.core_v1 import Namespace
+from lightkube.types import PatchType
+
+from mtrl_operator.adapters.kube import MultiTurnRLRun, PyTorchJob
+from mtrl_testbed.cluster import LocalCluster
+from mtrl_testbed.moto import MotoServer
+from mtrl_testbed.operator import OperatorProcess
+from mtrl_testbed.ports import wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+PYTORCHJOB_CRD = REPO / "tests" / "fixtures" / "thirdparty-crds" / "kubeflow.org_pytorchjobs.yaml"
+OPERATOR_USER = "mtrl-operator"
+POLL = 0.5
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def run_manifest(name: str, subnet: str, group: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "mtrl.dev/v1alpha1", "kind": "MultiTurnRLRun",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "random:tiny-qwen2"},
+            "trainer": {"launcher": "PyTorchJob", "gpusPerNode": 8, "efaPerNode": 32},
+            "rollout": {"environment": "target"},
+            "workers": {"backend": "ecs-fargate", "cpu": 256, "memory": 512, "minReplicas": 1,
+                        "maxReplicas": 1, "ecs": {"subnets": [subnet], "securityGroups": [group]}},
+            "dataset": {"inline": {"train": [{"target": "a"}]}},
+            "output": {"s3Uri": "s3://bench-outputs/runs"},
+        },
+    }
+
+
+class TrainingOperator:
+    """Plays the Kubeflow training operator: a PyTorchJob is Running once it exists, and
+    Succeeded when `finish_all` says so."""
+
+    def __init__(self, client: Client, namespace: str) -> None:
+        self.client, self.namespace = client, namespace
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> TrainingOperator:
+        self.thread.start()
+        return self
+
+    def _set(self, name: str, *types: str) -> None:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        conditions = [{"type": t, "status": "True", "reason": t, "lastTransitionTime": now,
+                       "lastUpdateTime": now} for t in types]
+        self.client.patch(PyTorchJob.Status, name, {"status": {"conditions": conditions}},
+                          namespace=self.namespace, patch_type=PatchType.MERGE)
+
+    def _watch(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                for event, job in self.client.watch(PyTorchJob, namespace=self.namespace):
+                    if self.stopped.is_set():
+                        return
+                    if event == "ADDED" and not (job.status or {}).get("conditions"):
+                        self._set(job.metadata.name, "Created", "Running")
+            except Exception as exc:  # a cut watch: watch again
+                print(f"PyTorchJob watch ended: {exc!r}", file=sys.stderr, flush=True)
+                time.sleep(0.5)
+
+    def finish_all(self) -> None:
+        for job in self.client.list(PyTorchJob, namespace=self.namespace):
+            self._set(job.metadata.name, "Created", "Succeeded")
+
+
+def _phases(client: Client, namespace: str) -> Counter[str]:
+    return Counter(((r.status or {}).get("phase") or "none")
+                   for r in client.list(MultiTurnRLRun, namespace=namespace))
+
+
+def _aws_left() -> dict[str, int]:
+    sqs, ecs = boto3.client("sqs"), boto3.client("ecs")
+    queues = sqs.list_queues(QueueNamePrefix="mtrl-", MaxResults=1000).get("QueueUrls", [])
+    running = sum(len(page["taskArns"]) for page in ecs.get_paginator("list_tasks").paginate(
+        cluster="default", desiredStatus="RUNNING"))
+    return {"queues": len(queues), "tasks": running}
+
+
+def _proc_figures(pid: int) -> dict[str, float]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    hwm_kib = int(re.search(r"VmHWM:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+    return {"peak_rss_mib": hwm_kib / 1024, "cpu_s": cpu}
+
+
+def _metric_sum(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
+def _kube_requests(audit: Path, offset: int) -> Counter[str]:
+    """The operator's requests written to the audit log after `offset`, by verb."""
+    verbs: Counter[str] = Counter()
+    with audit.open() as f:
+        f.seek(offset)
+        for line in f:
+            entry = json.loads(line)
+            if entry.get("user", {}).get("username") == OPERATOR_USER:
+                verbs[entry["verb"]] += 1
+    return verbs
+
+
+def _until(check: Any, timeout: float, what: str) -> float:
+    wait_until(check, timeout, what, interval=POLL)
+    return time.monotonic()
+
+
+def measure(cluster: LocalCluster, moto: MotoServer, root: Path, n: int,
+            timeout: float) -> dict[str, Any]:
+    moto.reset()
+    subnet, group = moto.prepare_fargate()
+    client = Client(KubeConfig.from_file(str(cluster.kubeconfig)))
+    namespace = f"scale-{n}"
+    client.create(Namespace.from_dict({"metadata": {"name": namespace}}))
+    audit_offset = cluster.audit_log.stat().st_size if cluster.audit_log.exists() else 0
+    operator = OperatorProcess(cluster, {**moto.env(), "MTRL_RESYNC_SECONDS": "30",
+                                         "MTRL_SWEEP_INTERVAL_SECONDS": "0",
+                                         "MTRL_OPERATOR_ID": f"scale-{n}",
+                                         "MTRL_LOG_FORMAT": "json"},
+                               root / f"operator-{n}.log",
+                               kubeconfig=cluster.root / "operator.kubeconfig").start()
+    trainer_operator = TrainingOperator(client, namespace).start()
+    try:
+        wait_until(lambda: urllib.request.urlopen(
+            f"http://127.0.0.1:{operator.health_port}/healthz", timeout=2).status == 200,
+            60, "operator liveness")
+        assert operator.proc is not None
+        pid = operator.proc.pid
+        t0 = time.monotonic()
+        for i in range(n):
+            client.create(MultiTurnRLRun.from_dict(run_manifest(f"run-{i}", subnet, group)),
+                          namespace=namespace)
+        t_created = time.monotonic()
+        t_running = _until(lambda: _phases(client, namespace)["Running"] == n, timeout,
+                           f"{n} runs Running")
+        t_finish = time.monotonic()
+        trainer_operator.finish_all()
+        t_succeeded = _until(lambda: _phases(client, namespace)["Succeeded"] == n, timeout,
+                             f"{n} runs Succeeded")
+        t_clean = _until(lambda: _aws_left() == {"queues": 0, "tasks": 0}
+                         and not list(client.list(PyTorchJob, namespace=namespace)), timeout,
+                         "teardown of every run")
+        t_delete = time.monotonic()
+        client.deletecollection(MultiTurnRLRun, namespace=namespace)
+        t_gone = _until(lambda: not list(client.list(MultiTurnRLRun, namespace=namespace)),
+                        timeout, f"{n} runs deleted")
+        time.sleep(2)  # the audit log's batch writer flushes every second
+        metrics_text = urllib.request.urlopen(
+            f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
+        figures = _proc_figures(pid)
+    finally:
+        trainer_operator.stopped.set()
+        operator.stop()
+        with contextlib.suppress(ApiError):
+            client.delete(Namespace, namespace)
+    kube = _kube_requests(cluster.audit_log, audit_offset)
+    aws = _metric_sum(metrics_text, "mtrl_cloud_api_requests_total")
+    reconciles = _metric_sum(metrics_text, "mtrl_reconcile_seconds_count")
+    return {
+        "runs": n,
+        "create_s": t_created - t0,
+        "all_running_s": t_running - t0,
+        "finish_to_clean_s": max(t_succeeded, t_clean) - t_finish,
+        "delete_to_gone_s": t_gone - t_delete,
+        "peak_rss_mib": figures["peak_rss_mib"],
+        "cpu_s": figures["cpu_s"],
+        "cpu_ms_per_run": 1000 * figures["cpu_s"] / n,
+        "kube_requests_per_run": sum(kube.values()) / n,
+        "kube_requests_by_verb": dict(kube),
+        "aws_requests_per_run": aws / n,
+        "reconciles_per_run": reconciles / n,
+    }
+
+
+COLUMNS = [("runs", "runs", "{:d}"), ("all_running_s", "all Running (s)", "{:.1f}"),
+           ("finish_to_clean_s", "finish -> torn down (s)", "{:.1f}"),
+           ("delete_to_gone_s", "delete -> gone (s)", "{:.1f}"),
+           ("peak_rss_mib", "peak RSS (MiB)", "{:.0f}"), ("cpu_s", "CPU (s)", "{:.1f}"),
+           ("cpu_ms_per_run", "CPU ms/run", "{:.0f}"),
+           ("kube_requests_per_run", "k8s req/run", "{:.1f}"),
+           ("aws_requests_per_run", "AWS req/run", "{:.1f}"),
+           ("reconciles_per_run", "reconciles/run", "{:.1f}")]
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(title for _, title, _ in COLUMNS) + " |",
+             "|" + "---:|" * len(COLUMNS)]
+    for r in results:
+        lines.append("| " + " | ".join(fmt.format(r[key]) for key, _, fmt in COLUMNS) + " |")
+    verbs = sorted({v for r in results for v in r["kube_requests_by_verb"]})
+    lines += ["", "| runs | " + " | ".join(f"k8s {v}/run" for v in verbs) + " |",
+              "|" + "---:|" * (len(verbs) + 1)]
+    for r in results:
+        lines.append(f"| {r['runs']} | " + " | ".join(
+            f"{r['kube_requests_by_verb'].get(v, 0) / r['runs']:.2f}" for v in verbs) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, nargs="+", default=[10, 100, 500])
+    parser.add_argument("--timeout", type=float, default=600,
+                        help="seconds allowed for each stage at each N")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="mtrl-scale-"))
+    cluster = LocalCluster(root, audit_users=(OPERATOR_USER,)).start()
+    moto = MotoServer(log_path=root / "moto.log").start()
+    results = []
+    try:
+        os.environ.update(moto.env())
+        cluster.install_crds(REPO / "crds")
+        cluster.install_crds(PYTORCHJOB_CRD)
+        for n in args.runs:
+            results.append(measure(cluster, moto, root, n, args.timeout))
+            print(json.dumps(results[-1]), flush=True)
+    finally:
+        moto.stop()
+        cluster.stop()
+    print(table(results))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()
