@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from mtrl_operator.api import GROUP, VERSION
 from mtrl_operator.api.run import MultiTurnRLRun
+from mtrl_operator.api.trigger import MultiTurnRLTrigger
 
 # Keywords a structural schema may carry through unchanged.
 _KEEP = {
@@ -146,21 +147,21 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     return schema
 
 
-def run_crd() -> dict[str, Any]:
-    schema = openapi_schema(MultiTurnRLRun)
+def _crd(model: type[BaseModel], kind: str, plural: str, short_names: list[str],
+         columns: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"multiturnrlruns.{GROUP}"},
+        "metadata": {"name": f"{plural}.{GROUP}"},
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": "MultiTurnRLRun",
-                "listKind": "MultiTurnRLRunList",
-                "plural": "multiturnrlruns",
-                "singular": "multiturnrlrun",
-                "shortNames": ["mtrlrun", "mtrlruns"],
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": short_names,
                 "categories": ["mtrl", "ml"],
             },
             "versions": [{
@@ -168,27 +169,56 @@ def run_crd() -> dict[str, Any]:
                 "served": True,
                 "storage": True,
                 "subresources": {"status": {}},
-                "additionalPrinterColumns": [
-                    {"name": "Phase", "type": "string", "jsonPath": ".status.phase",
-                     "description": "Lifecycle phase of the run"},
-                    {"name": "Step", "type": "string", "jsonPath": ".status.progress.display",
-                     "description": "Optimizer steps done/total"},
-                    {"name": "Reward", "type": "number", "format": "float",
-                     "jsonPath": ".status.progress.rewardMean",
-                     "description": "Mean aggregate reward of the latest step"},
-                    {"name": "Workers", "type": "string", "jsonPath": ".status.workers.display",
-                     "description": "Reward workers ready/desired"},
-                    {"name": "Environment", "type": "string", "priority": 1,
-                     "jsonPath": ".spec.rollout.environment",
-                     "description": "Environment plug-in"},
-                    {"name": "Message", "type": "string", "priority": 1,
-                     "jsonPath": ".status.message", "description": "Current state"},
-                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                ],
-                "schema": {"openAPIV3Schema": schema},
+                "additionalPrinterColumns": columns,
+                "schema": {"openAPIV3Schema": openapi_schema(model)},
             }],
         },
     }
+
+
+_AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+
+
+def run_crd() -> dict[str, Any]:
+    return _crd(MultiTurnRLRun, "MultiTurnRLRun", "multiturnrlruns", ["mtrlrun", "mtrlruns"], [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase",
+         "description": "Lifecycle phase of the run"},
+        {"name": "Step", "type": "string", "jsonPath": ".status.progress.display",
+         "description": "Optimizer steps done/total"},
+        {"name": "Reward", "type": "number", "format": "float",
+         "jsonPath": ".status.progress.rewardMean",
+         "description": "Mean aggregate reward of the latest step"},
+        {"name": "Workers", "type": "string", "jsonPath": ".status.workers.display",
+         "description": "Reward workers ready/desired"},
+        {"name": "Environment", "type": "string", "priority": 1,
+         "jsonPath": ".spec.rollout.environment",
+         "description": "Environment plug-in"},
+        {"name": "Message", "type": "string", "priority": 1,
+         "jsonPath": ".status.message", "description": "Current state"},
+        _AGE,
+    ])
+
+
+def trigger_crd() -> dict[str, Any]:
+    return _crd(MultiTurnRLTrigger, "MultiTurnRLTrigger", "multiturnrltriggers",
+                ["mtrltrigger", "mtrltriggers"], [
+        {"name": "Bucket", "type": "string", "jsonPath": ".spec.source.s3.bucket",
+         "description": "S3 bucket watched"},
+        {"name": "Prefix", "type": "string", "jsonPath": ".spec.source.s3.prefix",
+         "description": "Key prefix watched"},
+        {"name": "Policy", "type": "string", "jsonPath": ".spec.concurrencyPolicy",
+         "description": "Concurrency policy: Allow, Forbid or Replace"},
+        {"name": "Active", "type": "integer", "jsonPath": ".status.activeCount",
+         "description": "Runs of this trigger not yet Succeeded or Failed"},
+        {"name": "Last Trigger", "type": "date", "jsonPath": ".status.lastTriggerTime",
+         "description": "When the latest run was created"},
+        {"name": "Suspended", "type": "boolean", "jsonPath": ".spec.suspend",
+         "description": "Whether notifications wait in the queue"},
+        {"name": "Ready", "type": "string", "priority": 1,
+         "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason",
+         "description": "Why the trigger is or is not consuming"},
+        _AGE,
+    ])
 
 
 # The repo's crds/ and the Helm chart's crds/ carry the same files.
@@ -198,7 +228,8 @@ DESTINATIONS = [_REPO / "crds", _REPO / "charts" / "mtrl-operator" / "crds"]
 
 def all_crds() -> dict[str, dict[str, Any]]:
     """File name in `crds/` -> CRD object."""
-    return {"mtrl.dev_multiturnrlruns.yaml": run_crd()}
+    return {"mtrl.dev_multiturnrlruns.yaml": run_crd(),
+            "mtrl.dev_multiturnrltriggers.yaml": trigger_crd()}
 
 
 def render(crd: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ import yaml
 
 from mtrl_operator.api import crdgen
 from mtrl_operator.api.run import MultiTurnRLRunSpec
+from mtrl_operator.api.trigger import MultiTurnRLTriggerSpec
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -18,11 +19,18 @@ def test_crds_are_fresh(folder: Path) -> None:
     assert crdgen.stale(folder) == [], f"{folder} is stale: run `make crds`"
 
 
-def test_stale_check_notices_a_changed_schema(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("name", "text", "changed"), [
+    ("mtrl.dev_multiturnrlruns.yaml", "Default 32.", "Default 16."),
+    ("mtrl.dev_multiturnrltriggers.yaml", "- mtrltrigger\n", "- mtrltrig\n"),
+])
+def test_stale_check_notices_a_changed_schema(tmp_path: Path, name: str, text: str,
+                                              changed: str) -> None:
     crdgen.write(tmp_path)
-    (path,) = tmp_path.iterdir()
-    path.write_text(path.read_text().replace("Default 32.", "Default 16."))
-    assert crdgen.stale(tmp_path) == [path.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(crdgen.all_crds())
+    path = tmp_path / name
+    assert text in path.read_text()
+    path.write_text(path.read_text().replace(text, changed))
+    assert crdgen.stale(tmp_path) == [name]
 
 
 def _walk(schema: dict, path: str = "") -> list[tuple[str, dict]]:
@@ -36,21 +44,35 @@ def _walk(schema: dict, path: str = "") -> list[tuple[str, dict]]:
     return out
 
 
+def _schema(crd: dict) -> dict:
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
 @pytest.fixture(scope="module")
 def schema() -> dict:
-    return crdgen.run_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return _schema(crdgen.run_crd())
 
 
-def test_every_property_is_described_and_typed(schema: dict) -> None:
-    for path, node in _walk(schema):
+@pytest.fixture(scope="module")
+def trigger_schema() -> dict:
+    return _schema(crdgen.trigger_crd())
+
+
+@pytest.fixture(scope="module", params=sorted(crdgen.all_crds()))
+def any_schema(request: pytest.FixtureRequest) -> dict:
+    return _schema(crdgen.all_crds()[request.param])
+
+
+def test_every_property_is_described_and_typed(any_schema: dict) -> None:
+    for path, node in _walk(any_schema):
         assert node.get("type"), f"{path or '<root>'} has no type"
         if path and not path.endswith(("[]", "}")):
             assert node.get("description"), f"{path} has no description"
 
 
-def test_schema_is_structural(schema: dict) -> None:
+def test_schema_is_structural(any_schema: dict) -> None:
     forbidden = {"$ref", "anyOf", "allOf", "oneOf", "title", "const", "$defs"}
-    for path, node in _walk(schema):
+    for path, node in _walk(any_schema):
         assert not forbidden & node.keys(), f"{path}: {forbidden & node.keys()}"
 
 
@@ -81,3 +103,25 @@ def test_examples_parse_with_the_models(path: Path) -> None:
     for doc in yaml.safe_load_all(path.read_text()):
         if doc and doc.get("kind") == "MultiTurnRLRun":
             MultiTurnRLRunSpec.model_validate(doc["spec"])
+        if doc and doc.get("kind") == "MultiTurnRLTrigger":
+            MultiTurnRLTriggerSpec.model_validate(doc["spec"])
+
+
+def test_trigger_template_is_the_run_spec_without_a_required_dataset(schema: dict,
+                                                                      trigger_schema: dict) -> None:
+    run_spec = schema["properties"]["spec"]
+    template = trigger_schema["properties"]["spec"]["properties"]["runTemplate"]["properties"]["spec"]
+    assert set(template["properties"]) == set(run_spec["properties"])
+    for section in ("model", "grpo", "trainer", "workers", "output"):
+        assert template["properties"][section] == run_spec["properties"][section], section
+    assert "dataset" in run_spec["required"] and "dataset" not in template["required"]
+    dataset = template["properties"]["dataset"]
+    assert "x-kubernetes-validations" not in dataset  # no "exactly one source" rule
+    assert set(dataset["properties"]["s3"]["properties"]) == {"validationUri"}
+
+
+def test_trigger_queue_and_bucket_are_immutable(trigger_schema: dict) -> None:
+    guarded = {r["fieldPath"] for r in trigger_schema["x-kubernetes-validations"]}
+    assert guarded == {".spec.source.s3.bucket", ".spec.queue"}
+    queue = trigger_schema["properties"]["spec"]["properties"]["queue"]
+    assert queue["default"] == {"create": True} and queue["x-kubernetes-validations"]
