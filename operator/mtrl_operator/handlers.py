@@ -1,4 +1,4 @@
-"""kopf wiring only: runs' watch events go to the controller's work queue."""
+"""kopf wiring only: runs' and triggers' watch events go to their controllers' work queues."""
 
 from __future__ import annotations
 
@@ -10,14 +10,17 @@ import kopf
 from mtrl_operator.adapters import crashpoints
 from mtrl_operator.adapters.aws import Aws
 from mtrl_operator.adapters.kube import Kube
+from mtrl_operator.adapters.trigger_aws import TriggerAws
 from mtrl_operator.api import GROUP, VERSION
 from mtrl_operator.controller import Controller
 from mtrl_operator.settings import Settings
+from mtrl_operator.triggers.controller import TriggerController
 
 
 class _State:
     settings: Settings = Settings()
     controller: Controller | None = None
+    triggers: TriggerController | None = None
 
 
 STATE = _State()
@@ -40,10 +43,15 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     controller = Controller(ours, Kube(), Aws(ours.region))
     controller.start()
     STATE.controller = controller
+    triggers = TriggerController(ours, controller.kube, TriggerAws(ours.region))
+    triggers.start()
+    STATE.triggers = triggers
 
 
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
+    if STATE.triggers:
+        await STATE.triggers.stop()
     if STATE.controller:
         await STATE.controller.stop()
 
@@ -52,3 +60,11 @@ async def cleanup(**_: Any) -> None:
 def run_event(event: dict[str, Any], **_: Any) -> None:
     if STATE.controller:
         STATE.controller.on_run(event.get("type"), event["object"])
+    if STATE.triggers:  # a trigger counts its runs' phases
+        STATE.triggers.on_run(event.get("type"), event["object"])
+
+
+@kopf.on.event(GROUP, VERSION, "multiturnrltriggers")
+def trigger_event(event: dict[str, Any], **_: Any) -> None:
+    if STATE.triggers:
+        STATE.triggers.on_trigger(event.get("type"), event["object"])

@@ -1,4 +1,4 @@
-"""Deterministic names, labels and tags, from a run's namespace, name and UID alone.
+"""Deterministic names, labels and tags, from a run's (or a trigger's) namespace, name and UID.
 
 Every name the operator creates is computed, never remembered: after a crash the operator
 recomputes it and finds what it made before instead of making it twice.
@@ -11,7 +11,15 @@ import re
 from dataclasses import dataclass
 
 from mtrl_operator.api import GROUP
-from mtrl_rollout.queues import MANAGED_BY, resource_tags  # the data plane tags alike
+from mtrl_rollout.queues import (  # the data plane tags alike
+    MANAGED_BY,
+    TAG_COMPONENT,
+    TAG_MANAGED_BY,
+    TAG_NAME,
+    TAG_NAMESPACE,
+    TAG_OPERATOR_ID,
+    resource_tags,
+)
 
 QUEUE_PREFIX = "mtrl-"  # the operator's IAM policy scopes SQS actions to this prefix
 
@@ -119,3 +127,76 @@ class RunNames:
             LABEL_COMPONENT: component,
             LABEL_MANAGED_BY: MANAGED_BY,
         }
+
+
+# ----------------------------------------------------------------------------- triggers
+
+LABEL_TRIGGER = f"{GROUP}/trigger"
+LABEL_TRIGGER_UID = f"{GROUP}/trigger-uid"
+ANNOTATION_SOURCE_BUCKET = f"{GROUP}/source-bucket"
+ANNOTATION_SOURCE_KEY = f"{GROUP}/source-key"
+ANNOTATION_SOURCE_ETAG = f"{GROUP}/source-etag"
+ANNOTATION_SOURCE_VERSION_ID = f"{GROUP}/source-version-id"
+# Trigger queues carry these instead of the run-uid tag, so the runs' sweeper never takes
+# them for a gone run's; the triggers' sweeper finds them by this tag.
+TAG_TRIGGER_UID = f"{GROUP}/trigger-uid"
+TAG_SOURCE_BUCKET = f"{GROUP}/source-bucket"  # lets the sweeper remove the bucket's entry too
+TRIGGER_QUEUE_PREFIX = f"{QUEUE_PREFIX}trigger-"
+OBJECT_HASH_LENGTH = 10
+
+
+def object_hash(key: str, etag: str) -> str:
+    """Identity of one object version: the same key and content is the same upload, however
+    often S3 (or SQS) tells us about it."""
+    etag = etag.strip('"')  # S3 quotes it in HeadObject, not in event notifications
+    return hashlib.sha256(f"{key}\0{etag}".encode()).hexdigest()[:OBJECT_HASH_LENGTH]
+
+
+@dataclass(frozen=True)
+class TriggerNames:
+    """Every name and tag derived from one trigger's identity."""
+
+    namespace: str
+    name: str
+    uid: str
+    operator_id: str = "default"
+
+    @property
+    def aws_prefix(self) -> str:
+        """Queue name, and the Id of the bucket's QueueConfiguration (at most 63 characters)."""
+        return f"{TRIGGER_QUEUE_PREFIX}{_dns_label(self.namespace, 16)}-" \
+               f"{_dns_label(self.name, 20)}-{_digest(self.uid)}"
+
+    @property
+    def queue(self) -> str:
+        return self.aws_prefix
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return f"{self.aws_prefix}-dlq"
+
+    @property
+    def notification_id(self) -> str:
+        return self.aws_prefix
+
+    def run_name(self, digest: str) -> str:
+        """`<trigger>-<object hash>`; a long trigger name is cut and given a hash of the whole
+        name, so two triggers whose names share a long prefix never share run names."""
+        room = 63 - len(digest) - 1
+        base = self.name if len(self.name) <= room else \
+            f"{_dns_label(self.name, room - 9)}-{_digest(self.name)}"
+        return f"{base}-{digest}"
+
+    def tags(self, component: str, bucket: str) -> dict[str, str]:
+        return {
+            TAG_TRIGGER_UID: self.uid,
+            TAG_NAMESPACE: self.namespace,
+            TAG_NAME: self.name,
+            TAG_MANAGED_BY: MANAGED_BY,
+            TAG_OPERATOR_ID: self.operator_id,
+            TAG_COMPONENT: component,
+            TAG_SOURCE_BUCKET: bucket,
+        }
+
+    def run_labels(self) -> dict[str, str]:
+        return {LABEL_TRIGGER: _dns_label(self.name, 63), LABEL_TRIGGER_UID: self.uid}

@@ -29,11 +29,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* The operator's namespaced permissions, shared by the ClusterRole and the per-namespace Roles. */}}
 {{- define "mtrl.rules" -}}
+# create: triggers make runs; delete: triggers prune and replace them too.
 - apiGroups: [mtrl.dev]
   resources: [multiturnrlruns]
-  verbs: [get, list, watch, patch, update, delete]
+  verbs: [get, list, watch, create, patch, update, delete]
 - apiGroups: [mtrl.dev]
   resources: [multiturnrlruns/status]
+  verbs: [get, patch, update]
+- apiGroups: [mtrl.dev]
+  resources: [multiturnrltriggers]
+  verbs: [get, list, watch, patch, update]
+- apiGroups: [mtrl.dev]
+  resources: [multiturnrltriggers/status]
   verbs: [get, patch, update]
 - apiGroups: [batch]
   resources: [jobs]

@@ -1,0 +1,192 @@
+"""AWS calls for triggers: the trigger's queues, the bucket's notification configuration, and
+the look-up the sweeper needs. boto3 clients run in threads, with the operator's retries.
+
+Like the runs' adapter, every create is preceded by a look-up by the deterministic name, and
+every delete accepts "already gone", so a repeated call after a crash changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import defaultdict
+from typing import Any
+
+import boto3
+from botocore.exceptions import ClientError
+
+from mtrl_operator import metrics
+from mtrl_operator.adapters import crashpoints
+from mtrl_operator.adapters.aws import RETRY_CONFIG
+from mtrl_operator.api.trigger import S3Source
+from mtrl_operator.builders.queues import QueueRequest
+from mtrl_operator.naming import TAG_SOURCE_BUCKET, TAG_TRIGGER_UID, TriggerNames
+from mtrl_operator.triggers import build
+from mtrl_operator.triggers.decide import QueueState
+from mtrl_rollout.queues import MANAGED_BY, TAG_MANAGED_BY, TAG_OPERATOR_ID
+from mtrl_rollout.sqs import Sqs
+
+log = logging.getLogger("mtrl.trigger.aws")
+
+_QUEUE_GONE = ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")
+_BUCKET_GONE = ("NoSuchBucket",)
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", "?"))
+
+
+class TriggerAws:
+    def __init__(self, region: str) -> None:
+        session = boto3.session.Session(region_name=region)
+        self.sqs = session.client("sqs", config=RETRY_CONFIG)
+        self.s3 = session.client("s3", config=RETRY_CONFIG)
+        self.tagging = session.client("resourcegroupstaggingapi", config=RETRY_CONFIG)
+        # One read-modify-write of a bucket's notification configuration at a time.
+        self._bucket_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    async def _call(self, client: Any, op: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            return await asyncio.to_thread(getattr(client, op), **kwargs)
+        except ClientError as exc:
+            metrics.CLOUD_ERRORS.labels(operation=op, code=_code(exc)).inc()
+            raise
+
+    def consumer(self) -> Sqs:
+        """An SQS facade for one trigger's long polls: its own two threads, so triggers never
+        wait behind each other's 20 s polls; the shared client's connections."""
+        return Sqs(pool_size=2, client=self.sqs)
+
+    # ------------------------------------------------------------------ queues
+
+    async def _queue_url(self, name: str, account: str | None = None) -> str | None:
+        kwargs = {"QueueName": name, **({"QueueOwnerAWSAccountId": account} if account else {})}
+        try:
+            return str((await self._call(self.sqs, "get_queue_url", **kwargs))["QueueUrl"])
+        except ClientError as exc:
+            if _code(exc) in _QUEUE_GONE:
+                return None
+            raise
+
+    async def _queue_attributes(self, url: str, *names: str) -> dict[str, str]:
+        resp = await self._call(self.sqs, "get_queue_attributes", QueueUrl=url,
+                                AttributeNames=list(names))
+        return dict(resp.get("Attributes", {}))
+
+    async def _ensure_queue(self, req: QueueRequest) -> str:
+        url = await self._queue_url(req.name)
+        if url:
+            return url
+        resp = await self._call(self.sqs, "create_queue", QueueName=req.name,
+                                Attributes=req.attributes, tags=req.tags)
+        crashpoints.step(f"create_queue {req.name}")
+        metrics.RESOURCES_CREATED.labels(kind="queue").inc()
+        return str(resp["QueueUrl"])
+
+    async def ensure_queues(self, names: TriggerNames, bucket: str) -> QueueState:
+        """The dead-letter queue first, then the queue S3 sends to, which redrives into it."""
+        dlq_url = await self._ensure_queue(build.dead_letter_queue(names, bucket))
+        dlq_arn = (await self._queue_attributes(dlq_url, "QueueArn"))["QueueArn"]
+        url = await self._ensure_queue(build.notification_queue(names, bucket, dlq_arn))
+        return QueueState(url, build.sibling_queue_arn(dlq_arn, names.queue), dlq_url)
+
+    async def given_queue(self, url: str) -> QueueState:
+        """A queue the user made: its ARN, and its redrive policy's dead-letter queue if any."""
+        attrs = await self._queue_attributes(url, "QueueArn", "RedrivePolicy")
+        dlq_url = None
+        if attrs.get("RedrivePolicy"):
+            dlq_arn = json.loads(attrs["RedrivePolicy"]).get("deadLetterTargetArn", "")
+            parts = dlq_arn.split(":")
+            if len(parts) == 6:
+                dlq_url = await self._queue_url(parts[5], account=parts[4])
+        return QueueState(url, attrs["QueueArn"], dlq_url)
+
+    async def _delete_queue(self, url: str) -> bool:
+        try:
+            await self._call(self.sqs, "delete_queue", QueueUrl=url)
+        except ClientError as exc:
+            if _code(exc) in _QUEUE_GONE:
+                return False
+            raise
+        crashpoints.step(f"delete_queue {url}")
+        metrics.RESOURCES_DELETED.labels(kind="queue").inc()
+        return True
+
+    async def delete_queues(self, names: TriggerNames) -> int:
+        """The notification queue, then its dead-letter queue (and what is in them)."""
+        deleted = 0
+        for name in (names.queue, names.dead_letter_queue):
+            url = await self._queue_url(name)
+            if url:
+                deleted += await self._delete_queue(url)
+        return deleted
+
+    # ------------------------------------------------------------------ bucket notifications
+
+    async def _notification_configuration(self, bucket: str) -> dict[str, Any]:
+        resp = await self._call(self.s3, "get_bucket_notification_configuration", Bucket=bucket)
+        return build.notification_configuration(resp)
+
+    async def ensure_notification(self, names: TriggerNames, source: S3Source,
+                                  queue_arn: str) -> bool:
+        """Add or update our QueueConfiguration, keeping every other entry; True if it changed.
+        (S3 has no conditional write here: another writer between our read and write would be
+        overwritten, so one operator serializes its own writes per bucket and re-checks on
+        every resync.)"""
+        entry = build.queue_configuration(names, source, queue_arn)
+        async with self._bucket_locks[source.bucket]:
+            current = await self._notification_configuration(source.bucket)
+            if build.has_queue_configuration(current, entry):
+                return False
+            await self._call(self.s3, "put_bucket_notification_configuration",
+                             Bucket=source.bucket,
+                             NotificationConfiguration=build.with_queue_configuration(current, entry))
+        crashpoints.step(f"put_bucket_notification_configuration {source.bucket}")
+        return True
+
+    async def remove_notification(self, bucket: str, entry_id: str) -> bool:
+        """Remove our QueueConfiguration only; True if there was one. A gone bucket has none."""
+        async with self._bucket_locks[bucket]:
+            try:
+                current = await self._notification_configuration(bucket)
+            except ClientError as exc:
+                if _code(exc) in _BUCKET_GONE:
+                    return False
+                raise
+            if not any(q.get("Id") == entry_id for q in current.get("QueueConfigurations", [])):
+                return False
+            await self._call(self.s3, "put_bucket_notification_configuration", Bucket=bucket,
+                             NotificationConfiguration=build.without_queue_configuration(
+                                 current, entry_id))
+        crashpoints.step(f"put_bucket_notification_configuration {bucket} (removed {entry_id})")
+        return True
+
+    # ------------------------------------------------------------------ sweeping
+
+    async def tagged_queues(self, operator_id: str) -> dict[str, list[tuple[str, str]]]:
+        """trigger UID -> [(queue ARN, bucket)] of the queues this operator made for triggers."""
+        by_trigger: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        token = ""
+        while True:
+            kwargs: dict[str, Any] = {
+                "TagFilters": [{"Key": TAG_MANAGED_BY, "Values": [MANAGED_BY]},
+                               {"Key": TAG_OPERATOR_ID, "Values": [operator_id]}],
+                "ResourceTypeFilters": ["sqs"], "ResourcesPerPage": 100}
+            if token:
+                kwargs["PaginationToken"] = token
+            resp = await self._call(self.tagging, "get_resources", **kwargs)
+            for item in resp.get("ResourceTagMappingList", []):
+                tags = {t["Key"]: t["Value"] for t in item.get("Tags", [])}
+                if TAG_TRIGGER_UID in tags:
+                    by_trigger[tags[TAG_TRIGGER_UID]].append(
+                        (item["ResourceARN"], tags.get(TAG_SOURCE_BUCKET, "")))
+            token = resp.get("PaginationToken", "")
+            if not token:
+                return dict(by_trigger)
+
+    async def delete_queue_by_arn(self, arn: str) -> bool:
+        """False when it was already gone (the tagging API lags behind deletions)."""
+        parts = arn.split(":")
+        url = await self._queue_url(parts[5], account=parts[4])
+        return bool(url) and await self._delete_queue(url)

@@ -1,0 +1,80 @@
+"""Kubernetes calls for triggers: their status, finalizer and Events, and their runs."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import Event as CoreEvent
+from lightkube.types import PatchType
+
+from mtrl_operator.adapters.kube import FIELD_MANAGER, Kube, MultiTurnRLRun
+from mtrl_operator.api import API_VERSION, GROUP, VERSION
+
+log = logging.getLogger("mtrl.trigger.kube")
+
+MultiTurnRLTrigger = create_namespaced_resource(GROUP, VERSION, "MultiTurnRLTrigger",
+                                                "multiturnrltriggers")
+
+
+class TriggerKube:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.client = kube.client
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """A merge patch; a trigger deleted meanwhile has no status to keep."""
+        try:
+            await self.client.patch(MultiTurnRLTrigger.Status, name, {"status": status},
+                                    namespace=namespace, patch_type=PatchType.MERGE)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+
+    async def set_finalizers(self, namespace: str, name: str, finalizers: list[str],
+                             resource_version: str) -> dict[str, Any]:
+        """Optimistic (a stale resourceVersion fails with 409); returns the new metadata."""
+        obj = await self.client.patch(MultiTurnRLTrigger, name, {"metadata": {
+            "finalizers": finalizers, "resourceVersion": resource_version}},
+            namespace=namespace, patch_type=PatchType.MERGE)
+        return dict(obj.to_dict()["metadata"])
+
+    async def create_run(self, manifest: dict[str, Any]) -> bool:
+        """True when created; False when a run of that name exists (the object's run)."""
+        return await self.kube.create(manifest)
+
+    async def delete_run(self, namespace: str, name: str) -> None:
+        await self.kube.delete(MultiTurnRLRun, name, namespace)
+
+    async def trigger_uids(self, scopes: list[str]) -> set[str]:
+        """UIDs of every trigger that exists now, read from the server (the sweeper deletes
+        whatever is not in this set, so no cache)."""
+        uids: set[str] = set()
+        for ns in scopes:
+            async for trigger in self.client.list(MultiTurnRLTrigger, namespace=ns):
+                uids.add(trigger.metadata.uid)
+        return uids
+
+    async def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = body["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = CoreEvent.from_dict({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
+                         "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": API_VERSION, "kind": "MultiTurnRLTrigger",
+                               "name": meta["name"], "namespace": meta["namespace"],
+                               "uid": meta["uid"]},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER, "reportingInstance": FIELD_MANAGER,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        })
+        try:
+            await self.client.create(event)
+        except ApiError as exc:  # best effort, like the runs' Events
+            log.debug("event not posted: %s", exc)
