@@ -25,6 +25,17 @@ from tests.operator.runs import (
     wait_for,
     wait_phase,
 )
+from tests.operator.triggers import (
+    get_trigger,
+    new_bucket,
+    notification_ids,
+    queue_exists,
+    runs_of,
+    trigger_manifest,
+    upload,
+    wait_reason,
+)
+from tests.operator.triggers import names_of as trigger_names_of
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "mtrl-operator"
 CUSTOM_KINDS = {"ClusterKopfPeering", "KopfPeering", "ServiceMonitor"}
@@ -137,7 +148,9 @@ def test_install_run_and_uninstall_with_only_the_charts_rbac(
     assert not can("list", "secrets", "--all-namespaces")
     assert not can("create", "jobs", "-n", "default")
     assert not can("delete", "multiturnrlruns.mtrl.dev", "-n", "default")
+    assert not can("watch", "multiturnrltriggers.mtrl.dev", "-n", "default")
     assert can("create", "jobs", "-n", runs_ns)
+    assert can("watch", "multiturnrltriggers.mtrl.dev", "-n", runs_ns)
 
     # Sufficient: the operator pod (run by the node agent with the ServiceAccount's token)
     # takes a run all the way and cleans up.
@@ -147,8 +160,15 @@ def test_install_run_and_uninstall_with_only_the_charts_rbac(
     wait_for(lambda: not aws_leftovers(names) and not k8s_leftovers(cluster, runs_ns, names.uid),
              60, "the charted run's resources to go")
 
-    # Uninstall with a run still training: the pre-delete hook deletes it, the operator tears
-    # it down, and nothing is stranded behind a finalizer.
+    # A trigger works with the chart's RBAC too: it makes its queue, and a run from an upload.
+    bucket = new_bucket()
+    apply(cluster, runs_ns, trigger_manifest("charted-trigger", bucket))
+    trigger = wait_reason(cluster, runs_ns, "charted-trigger", timeout=120)
+    upload(bucket, "incoming/charted.jsonl")
+    wait_for(lambda: runs_of(cluster, runs_ns, "charted-trigger"), 60, "a run from an upload")
+
+    # Uninstall with a run still training and the trigger in place: the pre-delete hook
+    # deletes them, the operator tears them down, and nothing is stranded behind a finalizer.
     apply(cluster, runs_ns, run_manifest("unfinished", trainer={"command": HANG}))
     running = wait_phase(cluster, runs_ns, "unfinished", "Running", timeout=120)
     cluster.helm("uninstall", "mtrl-operator", "-n", release_ns, "--wait", "--timeout", "240s")
@@ -156,6 +176,12 @@ def test_install_run_and_uninstall_with_only_the_charts_rbac(
     names = names_of(running, operator_id=f"chart-{suffix}")
     assert not aws_leftovers(names)
     assert not k8s_leftovers(cluster, runs_ns, names.uid)
+    assert get_trigger(cluster, runs_ns, "charted-trigger") is None
+    assert not runs_of(cluster, runs_ns, "charted-trigger")
+    trigger_names = trigger_names_of(trigger, operator_id=f"chart-{suffix}")
+    assert not queue_exists(trigger_names.queue) and not queue_exists(
+        trigger_names.dead_letter_queue)
+    assert notification_ids(bucket) == set()
     wait_for(lambda: not cluster.kubectl("get", "all", "-n", release_ns, "-o",
                                          "name").stdout.split(), 60,
              "every object of the release to go (the operator pod terminates gracefully)")
