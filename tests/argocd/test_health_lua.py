@@ -1,5 +1,5 @@
 """The Argo CD health check for MultiTurnRLRun, run by a real Lua interpreter over statuses
-built from the operator's own status models."""
+built from the operator's own status models (the trigger's is in test_trigger_health_lua.py)."""
 
 from __future__ import annotations
 
@@ -38,11 +38,11 @@ def _to_lua(lua: Any, value: Any) -> Any:
     return value
 
 
-def health(obj: dict[str, Any]) -> tuple[str, str]:
+def health(obj: dict[str, Any], script: Path = SCRIPT) -> tuple[str, str]:
     """What Argo CD would show: the script's hs.status and hs.message."""
     lua = _runtime()
     lua.globals().obj = _to_lua(lua, obj)
-    hs = lua.execute(SCRIPT.read_text())
+    hs = lua.execute(script.read_text())
     return hs["status"], hs["message"]
 
 
@@ -150,19 +150,25 @@ def test_reward_collapse_cleared_is_not_mentioned() -> None:
     assert health(obj) == ("Progressing", "Running: training: step 43/100")
 
 
-def test_argocd_cm_patch_embeds_the_script_verbatim() -> None:
+CRDS = sorted((REPO / "crds").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("crd_path", CRDS, ids=lambda p: p.name)
+def test_argocd_cm_patch_embeds_each_script_verbatim(crd_path: Path) -> None:
     patch = yaml.safe_load((ARGOCD / "argocd-cm-patch.yaml").read_text())
-    crd = yaml.safe_load(CRD.read_text())["spec"]
+    crd = yaml.safe_load(crd_path.read_text())["spec"]
     key = f"resource.customizations.health.{crd['group']}_{crd['names']['kind']}"
+    script = ARGOCD / f"health-{crd['names']['singular']}.lua"
     assert (patch["kind"], patch["metadata"]["name"]) == ("ConfigMap", "argocd-cm")
-    assert patch["data"][key] == SCRIPT.read_text(), (
-        "argocd-cm-patch.yaml drifted from health-multiturnrlrun.lua; re-embed it indented by "
-        "four spaces under the data key")
+    assert patch["data"][key] == script.read_text(), (
+        f"argocd-cm-patch.yaml drifted from {script.name}; re-embed it indented by four spaces "
+        "under the data key")
 
 
-def test_application_ignores_run_status_only() -> None:
+def test_application_ignores_status_only() -> None:
     app = yaml.safe_load((ARGOCD / "application.yaml").read_text())
-    crd = yaml.safe_load(CRD.read_text())["spec"]
+    kinds = [yaml.safe_load(p.read_text())["spec"] for p in CRDS]
     assert app["kind"] == "Application"
     assert app["spec"]["ignoreDifferences"] == [
-        {"group": crd["group"], "kind": crd["names"]["kind"], "jsonPointers": ["/status"]}]
+        {"group": crd["group"], "kind": crd["names"]["kind"], "jsonPointers": ["/status"]}
+        for crd in sorted(kinds, key=lambda c: c["names"]["kind"])]
