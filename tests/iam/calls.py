@@ -180,6 +180,11 @@ class Mapper:
         """Path-style requests only (what botocore sends to an IP endpoint)."""
         bucket, _, key = unquote(exchange.path).lstrip("/").partition("/")
         query = parse_qs(exchange.query, keep_blank_values=True)
+        if not key and "notification" in query:  # a trigger's bucket notification configuration
+            action = {"GET": "s3:GetBucketNotification",
+                      "PUT": "s3:PutBucketNotification"}.get(exchange.method)
+            return Permission(action or f"unmapped:s3 {exchange.method} ?notification",
+                              f"arn:aws:s3:::{bucket}")
         if not key:
             action = {"GET": "s3:ListBucket", "HEAD": "s3:ListBucket"}.get(exchange.method, "")
             context = tuple(sorted({"s3:prefix": query.get("prefix", [""])[0]}.items()))

@@ -1,7 +1,7 @@
 """The IAM policies in manifests/iam/ grant every AWS call the code really makes.
 
-The operator runs a real lifecycle (an ECS-backed run, a Kubernetes-backed run, the orphan
-sweeper) with AWS_ENDPOINT_URL pointing at a recording proxy in front of moto. Each recorded
+The operator runs a real lifecycle (an ECS-backed run, a Kubernetes-backed run, a trigger, the
+orphan sweepers) with AWS_ENDPOINT_URL pointing at a recording proxy in front of moto. Each recorded
 call is mapped to the permissions AWS would check (tests/iam/calls.py) and evaluated against the
 rendered policy (tests/iam/policy.py). The Kubernetes-backed run's workers go through a second
 proxy (via spec.workers.env), so the worker policy is checked the same way.
@@ -19,7 +19,7 @@ from typing import Any
 import boto3
 import pytest
 
-from mtrl_operator.naming import RunNames
+from mtrl_operator.naming import RunNames, TriggerNames
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.moto import REGION, MotoServer
 from mtrl_testbed.operator import OperatorProcess
@@ -34,16 +34,28 @@ from tests.iam.policy import (
 )
 from tests.iam.recording import Exchange, RecordingProxy
 from tests.operator.runs import apply, names_of, run_manifest, wait_clean, wait_for, wait_phase
+from tests.operator.triggers import events as trigger_events
+from tests.operator.triggers import (
+    queue_exists,
+    runs_of,
+    trigger_manifest,
+    upload,
+    wait_reason,
+)
 
 ACCOUNT = "123456789012"  # moto's default account
 ECS_CLUSTER = "mtrl-iam"  # not "default", so the policy's cluster scoping is exercised
 TASK_ROLE = f"arn:aws:iam::{ACCOUNT}:role/mtrl-worker-task"
 EXECUTION_ROLE = f"arn:aws:iam::{ACCOUNT}:role/mtrl-worker-execution"
 OUTPUT_BUCKET = "mtrl-test-outputs"  # tests/operator/runs.py's output.s3Uri
+TRIGGER_BUCKETS = "mtrl-iam-trg-*"  # a glob, as a role shared by several triggers would use
 OPERATOR_VALUES = {"Region": REGION, "Account": ACCOUNT, "EcsCluster": ECS_CLUSTER,
-                   "WorkerTaskRoleArn": TASK_ROLE, "WorkerExecutionRoleArn": EXECUTION_ROLE}
+                   "WorkerTaskRoleArn": TASK_ROLE, "WorkerExecutionRoleArn": EXECUTION_ROLE,
+                   "TriggerBucket": TRIGGER_BUCKETS}
 MUST_RECORD = {"sqs:CreateQueue", "sqs:DeleteQueue", "ecs:RegisterTaskDefinition",
-               "ecs:DeregisterTaskDefinition", "ecs:RunTask", "ecs:StopTask", "tag:GetResources"}
+               "ecs:DeregisterTaskDefinition", "ecs:RunTask", "ecs:StopTask", "tag:GetResources",
+               "s3:GetBucketNotification", "s3:PutBucketNotification", "sqs:ReceiveMessage",
+               "sqs:DeleteMessage", "sqs:SendMessage"}
 WORKER_MUST_RECORD = {"sqs:CreateQueue", "sqs:GetQueueAttributes", "sqs:ReceiveMessage"}
 
 
@@ -115,6 +127,27 @@ def _run_on_kubernetes(cluster: LocalCluster, namespace: str, operator_id: str,
     return names
 
 
+def _trigger_lifecycle(cluster: LocalCluster, namespace: str, operator_id: str) -> None:
+    """A trigger makes its queues and bucket entry, consumes an upload and a malformed
+    message, and removes both on deletion; an orphaned trigger queue is swept."""
+    bucket = f"mtrl-iam-trg-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3").create_bucket(Bucket=bucket,
+                                     CreateBucketConfiguration={"LocationConstraint": REGION})
+    ghost = TriggerNames("iam-gone", "ghost", str(uuid.uuid4()), operator_id)
+    boto3.client("sqs").create_queue(QueueName=ghost.queue,
+                                     tags=ghost.tags("trigger-queue", bucket))
+    apply(cluster, namespace, trigger_manifest("on-upload", bucket))
+    status = wait_reason(cluster, namespace, "on-upload")["status"]
+    upload(bucket, "incoming/iam.jsonl")
+    wait_for(lambda: runs_of(cluster, namespace, "on-upload"), 60, "a run from the upload")
+    boto3.client("sqs").send_message(QueueUrl=status["queueUrl"], MessageBody="garbage")
+    wait_for(lambda: any(r == "MalformedNotification"
+                         for r, _ in trigger_events(cluster, namespace, "on-upload")), 60,
+             "the malformed message to be dead-lettered")
+    cluster.kubectl("delete", "mtrltrigger", "on-upload", "-n", namespace, "--timeout=60s")
+    wait_for(lambda: not queue_exists(ghost.queue), 30, "the orphaned trigger queue to be swept")
+
+
 @pytest.fixture(scope="module")
 def recording(cluster: LocalCluster, moto_server: MotoServer,
               operator_factory: Callable[..., OperatorProcess]) -> Iterator[Recording]:
@@ -132,6 +165,7 @@ def recording(cluster: LocalCluster, moto_server: MotoServer,
             orphans = _plant_orphans(operator_id, operator.env)
             _run_on_ecs(cluster, namespace, operator_id)
             kube_run = _run_on_kubernetes(cluster, namespace, operator_id, worker_proxy.endpoint)
+            _trigger_lifecycle(cluster, namespace, operator_id)
             wait_for(lambda: _orphans_swept(orphans), 30, "the sweeper to delete the orphans")
             # Deleting the runs walks the finalizer path too, while the operator still runs.
             cluster.kubectl("delete", "mtrlrun", "--all", "-n", namespace, "--timeout=60s")
@@ -231,7 +265,8 @@ def test_policy_templates_are_valid_and_documented(file: str) -> None:
     # Rendered without optional values, the Optional* statements go and nothing is left over.
     values = {p: f"arn:aws:iam::{ACCOUNT}:role/{p}" if p.endswith("Arn") else "x"
               for p in renderer().placeholders(template)
-              if p not in ("QueueKmsKeyArn", "InputBucket", "InputPrefix")}
+              if p not in ("QueueKmsKeyArn", "InputBucket", "InputPrefix", "TriggerBucket",
+                           "GivenTriggerQueueArn")}
     document = rendered(file, values)
     _check_grammar(document)
     assert "${" not in json.dumps(document)
