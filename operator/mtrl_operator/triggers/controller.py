@@ -119,7 +119,8 @@ class TriggerController:
         if event_type == "DELETED":
             self.triggers.pop(key, None)
             self.keys_by_uid.pop(uid, None)
-            for cache in (self.statuses, self.queue_states, self.aws_checked, self.runs):
+            for cache in (self.statuses, self.queue_states, self.aws_checked, self.runs,
+                          self.changed, self.locks):
                 cache.pop(uid, None)
             consumer = self.consumers.pop(uid, None)
             if consumer:
@@ -412,9 +413,9 @@ class TriggerController:
             runs[:] = [replace(r, deleting=True) if r.name == old else r for r in runs]
             events.append(("Normal", "RunReplaced", f"deleted run {old} (concurrencyPolicy "
                                                     f"Replace) for {obj.uri}"))
+        manifest = build.run_manifest(body, names, obj, admission.digest)
         try:
-            created = await self.kube.create_run(
-                build.run_manifest(body, names, obj, admission.digest))
+            created = await self.kube.create_run(manifest)
         except SpecError as exc:  # a template the run's own schema refuses with this object
             reason = f"the API server refused run {admission.run}: {exc}"
             events.append(("Warning", "RunRejected", f"{obj.uri}: {reason}"))
@@ -423,6 +424,8 @@ class TriggerController:
             return replace(admission, outcome=ObjectOutcome.DUPLICATE,
                            reason=f"run {admission.run} already exists")
         runs.append(RunView(admission.run, Phase.PENDING, _now()))
+        # Until the watch brings it, the next batch must see it too (Forbid, Replace).
+        self.runs[names.uid].setdefault(admission.run, manifest)
         events.append(("Normal", "RunCreated", f"created run {admission.run} for {obj.uri}"))
         log.info("trigger %s/%s: created run %s for %s", names.namespace, names.name,
                  admission.run, obj.uri)
