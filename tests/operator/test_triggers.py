@@ -83,6 +83,8 @@ def test_the_api_server_checks_triggers(cluster: LocalCluster, namespace: str) -
     out = cluster.kubectl("patch", "mtrltrigger", "fine", "-n", namespace, "--type=merge", "-p",
                           '{"spec":{"source":{"s3":{"bucket":"elsewhere"}}}}', check=False)
     assert out.returncode != 0 and "spec.source.s3.bucket is immutable" in out.stderr
+    explained = cluster.kubectl("explain", "mtrltrigger.spec.concurrencyPolicy").stdout
+    assert "Forbid skips the object" in " ".join(explained.split())
 
 
 def test_uploads_start_one_run_each_and_repeats_start_none(

@@ -121,8 +121,8 @@ def notification_queue(names: TriggerNames, bucket: str, dlq_arn: str) -> QueueR
 
 
 def queue_configuration(names: TriggerNames, source: S3Source, queue_arn: str) -> dict[str, Any]:
-    """Our entry in the bucket's notification configuration, found again by its Id. S3 refuses
-    empty filter values, so an empty prefix or suffix is left out."""
+    """Our entry in the bucket's notification configuration, found again by its Id. An empty
+    prefix or suffix is left out: it filters nothing (and moto answers 500 to one)."""
     rules = [{"Name": name, "Value": value}
              for name, value in (("prefix", source.prefix), ("suffix", source.suffix)) if value]
     entry: dict[str, Any] = {"Id": names.notification_id, "QueueArn": queue_arn,
