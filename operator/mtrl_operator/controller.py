@@ -66,6 +66,14 @@ def _http_status(exc: Exception) -> int | None:
     return getattr(response, "status_code", None)
 
 
+def _reconcile_input(body: dict[str, Any]) -> tuple[Any, ...]:
+    """What a reconcile reads from a run. The watch's echo of our own status write changes
+    only the resourceVersion, so it costs no reconcile (and no AWS calls)."""
+    meta = body["metadata"]
+    return (meta.get("uid"), meta.get("generation"), meta.get("deletionTimestamp"),
+            meta.get("finalizers"), meta.get("annotations"), body.get("spec"), body.get("status"))
+
+
 def _dump(obj: Any) -> dict[str, Any]:
     return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
 
@@ -82,6 +90,7 @@ class Controller:
         self.deployments: dict[str, dict[str, Any]] = {}
         self.progress: dict[str, dict[str, Any]] = {}
         self.phases: dict[Key, str] = {}  # for the runs-by-phase gauge, kept in O(1) per change
+        self.polls: dict[Key, tuple[Any, int]] = {}  # last poll's outcome, polls in a row
         self.queue: WorkQueue | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -115,6 +124,7 @@ class Controller:
         key = (meta["namespace"], meta["name"])
         if event_type == "DELETED":
             self._track_phase(key, None)
+            self.polls.pop(key, None)
             self.runs.pop(key, None)
             self.keys_by_uid.pop(meta["uid"], None)
             for cache in (self.trainers, self.deployments, self.progress):
@@ -122,10 +132,11 @@ class Controller:
             if self.queue:
                 self.queue.forget(key)
             return
+        previous = self.runs.get(key)
         self.runs[key] = body
         self._track_phase(key, (body.get("status") or {}).get("phase") or Phase.PENDING.value)
         self.keys_by_uid[meta["uid"]] = key
-        if self.queue:
+        if self.queue and (previous is None or _reconcile_input(previous) != _reconcile_input(body)):
             self.queue.add(key)
 
     def _track_phase(self, key: Key, phase: str | None) -> None:
@@ -247,10 +258,22 @@ class Controller:
             decision = decide(replace(obs, spec_error=(exc.reason, str(exc))))
             await self._publish(body, decision)
             await self._act(body, names, spec, obs, decision)
-        if decision.requeue_after is None and not decision.status.phase.finished:
+        if decision.requeue_after is None:
             # ECS tasks have no watch, and a missed event must not stall a run forever.
-            return self.settings.resync_seconds
-        return decision.requeue_after
+            return None if decision.status.phase.finished else self.settings.resync_seconds
+        return self._backoff((names.namespace, names.name), decision)
+
+    def _backoff(self, key: Key, decision: Decision) -> float:
+        """A poll that found nothing changed waits twice as long as the last one, up to the
+        resync period: a run waiting on AWS costs O(log wait) reconciles, however long the
+        wait (with 500 runs starting at once, waits grow with the number of runs)."""
+        assert decision.requeue_after is not None
+        outcome = (decision.status.wire(), tuple(decision.actions))
+        last, polls = self.polls.get(key, (None, 0))
+        polls = polls + 1 if outcome == last else 0
+        self.polls[key] = (outcome, polls)
+        return min(decision.requeue_after * 2 ** polls,
+                   max(decision.requeue_after, self.settings.resync_seconds))
 
     def _parse_spec(self, body: dict[str, Any]) -> tuple[MultiTurnRLRunSpec | None,
                                                         tuple[str, str] | None]:
@@ -291,9 +314,11 @@ class Controller:
                 desired = (dep.get("spec") or {}).get("replicas") or 0
                 ready = (dep.get("status") or {}).get("readyReplicas") or 0
         elif not skip_aws:
-            tasks = await self._ecs_tasks(names, spec)
-            live = [t for t in tasks if t.live]
-            definitions = await self.aws.active_task_definitions(names)
+            live = [t for t in await self.aws.worker_tasks(names, self._cluster(spec),
+                                                           stopped=False) if t.live]
+            # Live tasks name their definition; only without them is a look-up needed.
+            definitions = ([live[0].task_definition_arn] if live and live[0].task_definition_arn
+                           else await self.aws.active_task_definitions(names))
             workers_exist = bool(live or definitions)
             desired, ready = len(live), sum(t.ready for t in live)
             refs.task_arns = [t.arn for t in live]
@@ -420,7 +445,8 @@ class Controller:
             await self.kube.delete(Deployment, dep["metadata"]["name"], names.namespace)
         if spec is None or spec.workers.backend == WorkerBackend.ECS_FARGATE:
             cluster = self._cluster(spec)
-            live = [t.arn for t in await self.aws.worker_tasks(names, cluster) if t.live]
+            live = [t.arn for t in await self.aws.worker_tasks(names, cluster, stopped=False)
+                    if t.live]
             await self.aws.stop_tasks(cluster, live)
             await self.aws.deregister_task_definitions(names)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from importlib.metadata import entry_points
 from typing import Any
@@ -61,13 +62,16 @@ def progress_from_configmap(obj: dict[str, Any]) -> Progress | None:
         return None  # a half-written or foreign report is ignored, never fatal
 
 
-def known_environments() -> set[str]:
-    """Environments the default worker image provides: this distribution's own plug-ins."""
+@functools.cache
+def known_environments() -> frozenset[str]:
+    """Environments the default worker image provides: this distribution's own plug-ins.
+    Read once: scanning every installed distribution's entry points took a quarter of the
+    operator's CPU when it ran on every reconcile."""
     try:
         from mtrl_worker.environments.registry import available
     except ImportError:  # an operator-only install: trust the run's name
-        return {ep.name for ep in entry_points(group="mtrl.environments")}
-    return set(available())
+        return frozenset(ep.name for ep in entry_points(group="mtrl.environments"))
+    return frozenset(available())
 
 
 def spec_problem(spec: MultiTurnRLRunSpec, settings: Settings) -> tuple[str, str] | None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from mtrl_operator import metrics
+from mtrl_operator.api.run import MultiTurnRLRunStatus, Phase
 from mtrl_operator.controller import Controller
+from mtrl_operator.reconcile import Act, Decision
 from mtrl_operator.settings import Settings
 
 
@@ -28,3 +30,51 @@ def test_runs_by_phase_gauge_follows_watch_events_in_constant_time() -> None:
     assert (_gauge("Running"), _gauge("Succeeded")) == (running, done + 1)
     controller.on_run("DELETED", _body("Succeeded"))
     assert _gauge("Succeeded") == done
+
+
+class _RecordingQueue:
+    def __init__(self) -> None:
+        self.added: list[Any] = []
+
+    def add(self, key: Any, after: float = 0.0) -> None:
+        self.added.append(key)
+
+    def forget(self, key: Any) -> None:
+        pass
+
+
+def test_the_echo_of_our_own_status_write_costs_no_reconcile() -> None:
+    controller = Controller(Settings(), kube=None, aws=None)  # type: ignore[arg-type]
+    queue = _RecordingQueue()
+    controller.queue = queue  # type: ignore[assignment]
+    body = {**_body("Provisioning"), "spec": {"a": 1}}
+    body["metadata"]["resourceVersion"] = "1"
+    controller.on_run("ADDED", body)
+    assert len(queue.added) == 1
+
+    # The reconcile wrote status and updated its cached copy; the watch echoes the write.
+    controller.runs[("ns", "run")]["status"] = {"phase": "Running"}
+    echo = {**_body("Running"), "spec": {"a": 1}}
+    echo["metadata"]["resourceVersion"] = "2"
+    controller.on_run("MODIFIED", echo)
+    assert len(queue.added) == 1
+    assert controller.runs[("ns", "run")]["metadata"]["resourceVersion"] == "2"  # still cached
+
+    for change in ({"status": {"phase": "Failed"}}, {"spec": {"a": 2}},
+                   {"metadata": {**echo["metadata"], "annotations": {"mtrl.dev/x": "y"}}},
+                   {"metadata": {**echo["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}):
+        controller.on_run("MODIFIED", {**echo, **change})
+    assert len(queue.added) == 5
+
+
+def test_polls_that_find_nothing_changed_back_off_to_the_resync_period() -> None:
+    controller = Controller(Settings(resync_seconds=30), kube=None, aws=None)  # type: ignore[arg-type]
+    waiting = Decision([Act.ENSURE_WORKERS], MultiTurnRLRunStatus(phase=Phase.PROVISIONING),
+                       requeue_after=2.0)
+    delays = [controller._backoff(("ns", "run"), waiting) for _ in range(6)]
+    assert delays == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+
+    progressed = Decision([Act.ENSURE_TRAINER], MultiTurnRLRunStatus(phase=Phase.PROVISIONING),
+                          requeue_after=2.0)
+    assert controller._backoff(("ns", "run"), progressed) == 2.0  # a change starts over
+    assert controller._backoff(("ns", "other"), waiting) == 2.0  # per run

@@ -44,6 +44,7 @@ class WorkerTask:
     last_status: str
     desired_status: str
     health: str
+    task_definition_arn: str = ""
 
     @property
     def live(self) -> bool:
@@ -177,9 +178,12 @@ class Aws:
             metrics.RESOURCES_DELETED.labels(kind="task-definition").inc()
         return len(active)
 
-    async def worker_tasks(self, names: RunNames, cluster: str) -> list[WorkerTask]:
+    async def worker_tasks(self, names: RunNames, cluster: str,
+                           stopped: bool = True) -> list[WorkerTask]:
+        """The run's tasks; `stopped=False` leaves out those told to stop (one call less,
+        for observing: only live tasks count there)."""
         arns: list[str] = []
-        for desired in ("RUNNING", "STOPPED"):
+        for desired in ("RUNNING", "STOPPED") if stopped else ("RUNNING",):
             try:
                 resp = await self._call(self.ecs, "list_tasks", cluster=cluster,
                                         startedBy=names.started_by, desiredStatus=desired)
@@ -195,7 +199,8 @@ class Aws:
             resp = await self._call(self.ecs, "describe_tasks", cluster=cluster,
                                     tasks=arns[i:i + 100])
             tasks += [WorkerTask(t["taskArn"], t.get("lastStatus", ""),
-                                 t.get("desiredStatus", ""), t.get("healthStatus", "UNKNOWN"))
+                                 t.get("desiredStatus", ""), t.get("healthStatus", "UNKNOWN"),
+                                 t.get("taskDefinitionArn", ""))
                       for t in resp.get("tasks", [])]
         return tasks
 
