@@ -196,6 +196,27 @@ class LocalCluster:
     def processes_alive(self) -> dict[str, bool]:
         return {name: proc.poll() is None for name, proc in self._procs.items()}
 
+    def restart_apiserver(self, grace: float = 3, timeout: float = 120) -> float:
+        """Stop kube-apiserver and start it again on the same port with the same flags and
+        certificates; etcd keeps the data. Returns the seconds it was not serving.
+
+        SIGTERM stops the listener at once, but the process then waits for open watch
+        streams to end (minutes); after `grace` seconds it is killed, as a supervisor would."""
+        order = list(self._procs)
+        proc = self._procs.pop("kube-apiserver")
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        self._start_apiserver(certs.Pki(self.root / "pki"), timeout)
+        self._procs = {name: self._procs[name] for name in order}  # stop() keeps its order
+        if (self.root / "state.json").exists():
+            self._write_state()
+        return time.monotonic() - began
+
     # ------------------------------------------------------------------ internals
 
     def _spawn(self, name: str, args: list[str], python_module: str | None = None) -> None:

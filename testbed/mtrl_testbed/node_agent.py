@@ -30,6 +30,8 @@ import logging
 import os
 import signal
 import sys
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,19 @@ NODE_LABELS = {"node.kubernetes.io/instance-type": "ml.p5.48xlarge",
                "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
 _IP_POOL = (f"127.{a}.{b}.{c}" for a, b, c in itertools.product(range(10, 250), range(256),
                                                                     range(2, 255)))
+
+
+async def _through_restarts(call: Callable[[], Awaitable[Any]], within: float = 120) -> Any:
+    """Retry a call the API server could not take (down, restarting), as a kubelet retries
+    status updates: a pod that ends while the API server is away still reports its end."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return await call()
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 def _now() -> str:
@@ -312,11 +327,13 @@ class NodeAgent:
 
     async def _remove(self, namespace: str, name: str, uid: str) -> None:
         with contextlib.suppress(ApiError):
-            await self.client.delete(Pod, name, namespace=namespace, grace_period=0)
+            await _through_restarts(lambda: self.client.delete(Pod, name, namespace=namespace,
+                                                               grace_period=0))
 
     async def _patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        await self.client.patch(Pod.Status, name, {"status": status}, namespace=namespace,
-                                patch_type=PatchType.STRATEGIC)
+        await _through_restarts(lambda: self.client.patch(
+            Pod.Status, name, {"status": status}, namespace=namespace,
+            patch_type=PatchType.STRATEGIC))
 
     # ------------------------------------------------------------------ environment and volumes
 
