@@ -176,16 +176,40 @@ class Controller:
         if key and self.queue:
             self.queue.add(key)
 
+    def on_children_listed(self, kind: str, namespace: str, objs: list[dict[str, Any]]) -> None:
+        """A fresh list is the truth for its kind and namespace ("*": all): cached children it
+        lacks were deleted while no watch was open, and their runs hear of it now."""
+        present = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs}
+        if kind in TRAINER_KINDS:
+            cached = [obj for objs_ in self.trainers.values()
+                      for (kind_, _), obj in objs_.items() if kind_ == kind]
+        else:
+            cached = list((self.deployments if kind == "Deployment" else self.progress).values())
+        for obj in cached:
+            meta = obj["metadata"]
+            if namespace in ("*", meta["namespace"]) and \
+                    (meta["namespace"], meta["name"]) not in present:
+                self.on_child(kind, "DELETED", obj)
+        for obj in objs:
+            self.on_child(kind, "ADDED", obj)
+
     async def _watch_children(self, resource: Any, labels: dict[str, str], namespace: str) -> None:
+        """List, then watch from the list's version, as an informer does. A watch that was cut
+        resumes from scratch with a new list: the events of the gap are lost for good, and a
+        missed DELETED would leave a child in the cache forever (a teardown waiting on it
+        would never end)."""
         kind = resource.__name__
         while True:
             try:
+                objs, version = await self.kube.list_with_version(resource, labels, namespace)
+                self.on_children_listed(kind, namespace, [_dump(obj) for obj in objs])
                 async for event, obj in self.kube.watch(resource, labels=labels,
-                                                        namespace=namespace):
+                                                        namespace=namespace,
+                                                        resource_version=version):
                     self.on_child(kind, event, _dump(obj))
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # a cut stream: re-watch (the server re-lists)
+            except Exception as exc:  # a cut stream or a version too old (410): list again
                 if _http_status(exc) == 404:  # e.g. no PyTorchJob CRD in this cluster
                     log.info("%s is not served here; looking again in 60s", kind)
                     await asyncio.sleep(60)

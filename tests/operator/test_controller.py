@@ -32,6 +32,29 @@ def test_runs_by_phase_gauge_follows_watch_events_in_constant_time() -> None:
     assert _gauge("Succeeded") == done
 
 
+def _child(namespace: str, name: str, run_uid: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": namespace, "name": name,
+                         "labels": {"mtrl.dev/run-uid": run_uid}}}
+
+
+def test_a_relist_forgets_children_deleted_while_no_watch_was_open() -> None:
+    controller = Controller(Settings(), kube=None, aws=None)  # type: ignore[arg-type]
+    for kind, name in (("Job", "a-trainer-1"), ("Deployment", "a-workers")):
+        controller.on_child(kind, "ADDED", _child("ns", name, "u-a"))
+    controller.on_child("Job", "ADDED", _child("ns", "b-trainer-1", "u-b"))
+    controller.on_child("Job", "ADDED", _child("other", "c-trainer-1", "u-c"))
+
+    # The watch of Jobs in "ns" was cut while a's trainer was deleted; the new list lacks it.
+    controller.on_children_listed("Job", "ns", [_child("ns", "b-trainer-1", "u-b")])
+    assert not controller.trainers["u-a"]
+    assert set(controller.trainers["u-b"]) == {("Job", "b-trainer-1")}
+    assert set(controller.trainers["u-c"]) == {("Job", "c-trainer-1")}  # another namespace
+    assert "u-a" in controller.deployments  # another kind
+
+    controller.on_children_listed("Deployment", "*", [])
+    assert controller.deployments == {}
+
+
 class _RecordingQueue:
     def __init__(self) -> None:
         self.added: list[Any] = []

@@ -119,8 +119,16 @@ class Kube:
         except ApiError as exc:  # an event is best effort: a terminating namespace refuses it
             log.debug("event not posted: %s", exc)
 
-    async def watch(self, resource: Any, labels: dict[str, Any],
-                    namespace: str = "*") -> AsyncIterator[tuple[str, Any]]:
+    async def list_with_version(self, resource: Any, labels: dict[str, Any],
+                                namespace: str = "*") -> tuple[list[Any], str]:
+        """The objects, and the resourceVersion to watch from for what follows."""
+        listing = self.client.list(resource, namespace=namespace, labels=labels)
+        objs = [obj async for obj in listing]
+        return objs, listing.resourceVersion
+
+    async def watch(self, resource: Any, labels: dict[str, Any], namespace: str = "*",
+                    resource_version: str | None = None) -> AsyncIterator[tuple[str, Any]]:
         async for event, obj in self.client.watch(resource, namespace=namespace, labels=labels,
-                                                  server_timeout=240):
+                                                  server_timeout=240,
+                                                  resource_version=resource_version):
             yield event, obj
