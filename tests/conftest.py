@@ -85,9 +85,9 @@ def operator_factory(cluster: LocalCluster, moto_server: MotoServer, aws_env: di
     network = {"MTRL_ECS_SUBNETS": subnet, "MTRL_ECS_SECURITY_GROUPS": group}
     started: list[OperatorProcess] = []
 
-    def start(**env: str) -> OperatorProcess:
+    def start(kubeconfig: Path | None = None, **env: str) -> OperatorProcess:
         proc = OperatorProcess(cluster, {**aws_env, **network, **env},
-                               ARTIFACTS / f"operator-{len(started)}.log").start()
+                               ARTIFACTS / f"operator-{len(started)}.log", kubeconfig).start()
         started.append(proc)
         return proc
 
