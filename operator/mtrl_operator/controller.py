@@ -24,7 +24,13 @@ from pydantic import ValidationError
 
 from mtrl_operator import metrics
 from mtrl_operator.adapters.aws import Aws, WorkerTask
-from mtrl_operator.adapters.kube import HyperPodPyTorchJob, Kube, PyTorchJob, owner_reference
+from mtrl_operator.adapters.kube import (
+    HyperPodPyTorchJob,
+    Kube,
+    PyTorchJob,
+    merge_patch,
+    owner_reference,
+)
 from mtrl_operator.api.run import (
     MultiTurnRLRunSpec,
     MultiTurnRLRunStatus,
@@ -385,7 +391,8 @@ class Controller:
         new = decision.status.wire()
         old = self._parse_status(body).wire()
         if new != old:
-            await self.kube.patch_status(meta["namespace"], meta["name"], new)
+            await self.kube.patch_status(meta["namespace"], meta["name"],
+                                         merge_patch(body.get("status") or {}, new))
             body["status"] = new  # our cache sees our own write before the watch echoes it
             self._track_phase((meta["namespace"], meta["name"]), new["phase"])
         for event in decision.events:

@@ -33,5 +33,8 @@ def configure(fmt: str, level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    for noisy in ("httpx", "httpx2", "httpcore", "botocore", "urllib3", "aiohttp.access"):
+    # kopf.objects says "Handler 'run_event' succeeded." for every watch event of every run:
+    # most of the log at scale, and none of it news. Its warnings and errors still show.
+    for noisy in ("httpx", "httpx2", "httpcore", "botocore", "urllib3", "aiohttp.access",
+                  "kopf.objects"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

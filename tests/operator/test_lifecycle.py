@@ -84,6 +84,10 @@ def test_happy_path_ecs_fargate_workers(cluster: LocalCluster, operator: Operato
     inactive = ecs.list_task_definitions(familyPrefix=names.task_family,
                                          status="INACTIVE")["taskDefinitionArns"]
     assert len(inactive) == 1, "one task definition was registered, and deregistered"
+    # The status names nothing that is gone (a merge patch must null what went away).
+    wait_for(lambda: not any(((get(cluster, namespace, "fargate") or {}).get("status", {})
+                              .get("resources") or {}).values()), 30,
+             "status.resources to name nothing after teardown")
 
 
 def test_failure_is_retried_from_a_new_attempt(cluster: LocalCluster, operator: OperatorProcess,

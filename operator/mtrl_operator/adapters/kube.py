@@ -28,6 +28,21 @@ HyperPodPyTorchJob = create_namespaced_resource("sagemaker.amazonaws.com", "v1",
                                                 "HyperPodPyTorchJob", "hyperpodpytorchjobs")
 
 
+def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`. A key `new` lacks is sent
+    as null: a merge patch that only omits it would leave the old value on the server (a
+    finished run would keep naming its deleted trainer). Lists are replaced whole."""
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            if nested := merge_patch(before, value):
+                patch[key] = nested
+        elif value != before or key not in old:
+            patch[key] = value
+    return patch
+
+
 def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
     """Children are owned by the run: Kubernetes' garbage collector is the last safety net."""
     return {"apiVersion": API_VERSION, "kind": "MultiTurnRLRun",

@@ -27,7 +27,7 @@ from prometheus_client import Counter
 from pydantic import ValidationError
 
 from mtrl_operator import metrics
-from mtrl_operator.adapters.kube import Kube
+from mtrl_operator.adapters.kube import Kube, merge_patch
 from mtrl_operator.adapters.trigger_aws import TriggerAws
 from mtrl_operator.adapters.trigger_kube import TriggerKube
 from mtrl_operator.api import GROUP
@@ -172,8 +172,8 @@ class TriggerController:
         meta = body["metadata"]
         old, new = self._status(body).wire(), status.wire()
         if old != new:
-            patch: dict[str, Any] = {**{k: None for k in old if k not in new}, **new}
-            await self.kube.patch_status(meta["namespace"], meta["name"], patch)
+            await self.kube.patch_status(meta["namespace"], meta["name"],
+                                         merge_patch(body.get("status") or {}, new))
         self.statuses[meta["uid"]] = status
 
     def _mark_deleting(self, uid: str, name: str) -> None:
