@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 
 import boto3
 import pytest
@@ -353,3 +354,51 @@ def test_orphaned_trigger_queues_are_swept(operator: OperatorProcess) -> None:
     assert queue_exists(stranger.queue), "another operator's queues are not ours to sweep"
     for queue in (stranger.queue, stranger.dead_letter_queue):
         sqs.delete_queue(QueueUrl=sqs.get_queue_url(QueueName=queue)["QueueUrl"])
+
+
+def test_a_crash_after_creating_a_run_creates_no_second_one(
+        cluster: LocalCluster, operator_factory: Callable[..., OperatorProcess]) -> None:
+    """The operator dies right after creating a run: before the status records it and before
+    the message is deleted. The message comes back to a new operator, which creates nothing."""
+    namespace = f"trg-crash-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", namespace)
+    env = {"MTRL_OPERATOR_ID": "trg-crash", "MTRL_NAMESPACES": namespace,
+           "MTRL_SWEEP_INTERVAL_SECONDS": "0"}
+    bucket = new_bucket()
+    apply(cluster, namespace, trigger_manifest("crashy", bucket))
+    # Mutations in order: the dead-letter queue, the queue, the bucket entry, the run.
+    first = operator_factory(MTRL_CRASH_AFTER_STEP="4", **env)
+    second = None
+    try:
+        queue_url = wait_reason(cluster, namespace, "crashy")["status"]["queueUrl"]
+        sqs = boto3.client("sqs")
+
+        def in_queue() -> int:
+            attrs = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=[
+                "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])
+            return sum(int(v) for v in attrs["Attributes"].values())
+
+        # The message the crash leaves in flight should be back after 2 s, not 60. A receive
+        # keeps the timeout it started with, so end the poll in flight with a test event.
+        sqs.set_queue_attributes(QueueUrl=queue_url, Attributes={"VisibilityTimeout": "2"})
+        sqs.send_message(QueueUrl=queue_url, MessageBody=json.dumps(
+            {"Service": "Amazon S3", "Event": "s3:TestEvent", "Bucket": bucket}))
+        wait_for(lambda: in_queue() == 0, 30, "the test event to be consumed")
+        upload(bucket, "incoming/once.jsonl")
+        wait_for(lambda: not first.alive, 60, "the crash right after the run was created")
+        assert first.wait(5) == 137
+        (run,) = runs_of(cluster, namespace, "crashy")
+        assert not outcomes(cluster, namespace, "crashy"), "the crash came before the status"
+
+        second = operator_factory(**env)
+        wait_for(lambda: ("incoming/once.jsonl", "Duplicate") in {
+            (k, o) for k, o, _ in outcomes(cluster, namespace, "crashy")}, 60,
+            "the redelivered notification to be recorded as a duplicate")
+        assert set(runs_of(cluster, namespace, "crashy")) == {run}
+        wait_for(lambda: in_queue() == 0, 30, "the message to be deleted at last")
+        cluster.kubectl("delete", "mtrltrigger", "crashy", "-n", namespace, "--timeout=60s")
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
