@@ -1,0 +1,19 @@
+"""API tests check what the API server accepts; no operator may act on their runs, whatever
+order the test files run in (the shared operator watches `t-*`)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from mtrl_testbed.cluster import LocalCluster
+
+
+@pytest.fixture
+def namespace(cluster: LocalCluster) -> Iterator[str]:
+    name = f"api-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
