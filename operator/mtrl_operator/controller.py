@@ -27,6 +27,7 @@ from mtrl_operator.adapters.aws import Aws, WorkerTask
 from mtrl_operator.adapters.kube import (
     HyperPodPyTorchJob,
     Kube,
+    MultiTurnRLRun,
     PyTorchJob,
     merge_patch,
     owner_reference,
@@ -57,7 +58,7 @@ from mtrl_operator.naming import (
 from mtrl_operator.observe import progress_from_configmap, spec_problem, trainer_state
 from mtrl_operator.reconcile import Act, Decision, Observed, TrainerObserved, decide
 from mtrl_operator.settings import Settings
-from mtrl_operator.workqueue import WorkQueue
+from mtrl_operator.workqueue import WorkQueue, every
 
 log = logging.getLogger("mtrl.controller")
 
@@ -114,7 +115,8 @@ class Controller:
                 self._tasks.append(asyncio.create_task(
                     self._watch_children(resource, labels, ns)))
         if self.settings.sweep_interval_seconds > 0:
-            self._tasks.append(asyncio.create_task(self._sweep_forever()))
+            self._tasks.append(asyncio.create_task(
+                every(self.settings.sweep_interval_seconds, self.sweep_once, "sweep")))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -495,7 +497,7 @@ class Controller:
 
     async def sweep_once(self) -> int:
         """Delete cloud resources tagged by this operator whose run no longer exists."""
-        known = await self.kube.run_uids(self.settings.list_scopes)
+        known = await self.kube.uids(MultiTurnRLRun, self.settings.list_scopes)
         swept = 0
         for uid, arns in (await self.aws.tagged(self.settings.operator_id)).items():
             if uid in known:
@@ -509,13 +511,3 @@ class Controller:
             metrics.SWEPT.inc(swept)
             log.info("sweeper deleted %d orphaned resource(s)", swept)
         return swept
-
-    async def _sweep_forever(self) -> None:
-        while True:
-            try:
-                await self.sweep_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("sweep failed: %r", exc)
-            await asyncio.sleep(self.settings.sweep_interval_seconds)

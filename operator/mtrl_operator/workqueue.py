@@ -87,3 +87,15 @@ class WorkQueue:
         for timer in self._timers.values():
             timer.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def every(seconds: float, step: Callable[[], Awaitable[object]], what: str) -> None:
+    """Run `step` now and then every `seconds`, forever; a failed step is logged, not fatal."""
+    while True:
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("%s failed: %r", what, exc)
+        await asyncio.sleep(seconds)

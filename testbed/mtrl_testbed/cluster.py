@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,6 +107,15 @@ class LocalCluster:
         if check and result.returncode != 0:
             raise CommandFailed(cmd, result)
         return result
+
+    @contextlib.contextmanager
+    def namespace(self, name: str) -> Iterator[str]:
+        """A namespace for the duration of a `with` block (deleted without waiting)."""
+        self.kubectl("create", "namespace", name)
+        try:
+            yield name
+        finally:
+            self.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         cmd = [str(self.bin_dir / "helm"), "--kubeconfig", str(self.kubeconfig), *args]

@@ -192,10 +192,8 @@ class ForeignWriter(threading.Thread):
 @pytest.fixture
 def own_namespace(cluster: LocalCluster) -> Iterator[str]:
     """Not `t-*`: the shared operator must not race this test's operator for the runs."""
-    name = f"robust-kube-{uuid.uuid4().hex[:6]}"
-    cluster.kubectl("create", "namespace", name)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with cluster.namespace(f"robust-kube-{uuid.uuid4().hex[:6]}") as name:
+        yield name
 
 
 @pytest.fixture

@@ -104,23 +104,26 @@ class Kube:
             if exc.status.code != 404:
                 raise
 
-    async def run_uids(self, scopes: list[str]) -> set[str]:
-        """UIDs of every run that exists now in `scopes` (namespaces, or "*"): read from the
-        server, not from a cache, because the sweeper deletes whatever is not in this set."""
+    async def uids(self, resource: Any, scopes: list[str]) -> set[str]:
+        """UIDs of every object of `resource` that exists now in `scopes` (namespaces, or "*"):
+        read from the server, not from a cache, because the sweepers delete whatever is not in
+        this set."""
         uids: set[str] = set()
         for ns in scopes:
-            async for run in self.client.list(MultiTurnRLRun, namespace=ns):
-                uids.add(run.metadata.uid)
+            async for obj in self.client.list(resource, namespace=ns):
+                uids.add(obj.metadata.uid)
         return uids
 
-    async def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    async def event(self, body: dict[str, Any], type_: str, reason: str, message: str,
+                    kind: str = "MultiTurnRLRun") -> None:
+        """An Event about `body`, an object of our API group; best effort."""
         meta = body["metadata"]
         now = datetime.now(UTC)
         event = CoreEvent.from_dict({
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
                          "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": API_VERSION, "kind": "MultiTurnRLRun",
+            "involvedObject": {"apiVersion": API_VERSION, "kind": kind,
                                "name": meta["name"], "namespace": meta["namespace"],
                                "uid": meta["uid"]},
             "type": type_, "reason": reason, "message": message[:1024],

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import logging
-import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
-from lightkube.resources.core_v1 import Event as CoreEvent
 from lightkube.types import PatchType
 
-from mtrl_operator.adapters.kube import FIELD_MANAGER, Kube, MultiTurnRLRun
-from mtrl_operator.api import API_VERSION, GROUP, VERSION
-
-log = logging.getLogger("mtrl.trigger.kube")
+from mtrl_operator.adapters.kube import Kube, MultiTurnRLRun
+from mtrl_operator.api import GROUP, VERSION
 
 MultiTurnRLTrigger = create_namespaced_resource(GROUP, VERSION, "MultiTurnRLTrigger",
                                                 "multiturnrltriggers")
@@ -51,30 +45,7 @@ class TriggerKube:
         await self.kube.delete(MultiTurnRLRun, name, namespace)
 
     async def trigger_uids(self, scopes: list[str]) -> set[str]:
-        """UIDs of every trigger that exists now, read from the server (the sweeper deletes
-        whatever is not in this set, so no cache)."""
-        uids: set[str] = set()
-        for ns in scopes:
-            async for trigger in self.client.list(MultiTurnRLTrigger, namespace=ns):
-                uids.add(trigger.metadata.uid)
-        return uids
+        return await self.kube.uids(MultiTurnRLTrigger, scopes)
 
     async def event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        meta = body["metadata"]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = CoreEvent.from_dict({
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
-                         "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": API_VERSION, "kind": "MultiTurnRLTrigger",
-                               "name": meta["name"], "namespace": meta["namespace"],
-                               "uid": meta["uid"]},
-            "type": type_, "reason": reason, "message": message[:1024],
-            "source": {"component": FIELD_MANAGER},
-            "reportingComponent": FIELD_MANAGER, "reportingInstance": FIELD_MANAGER,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        })
-        try:
-            await self.client.create(event)
-        except ApiError as exc:  # best effort, like the runs' Events
-            log.debug("event not posted: %s", exc)
+        await self.kube.event(body, type_, reason, message, kind="MultiTurnRLTrigger")

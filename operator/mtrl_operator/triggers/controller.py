@@ -43,7 +43,7 @@ from mtrl_operator.settings import Settings
 from mtrl_operator.triggers import build, decide
 from mtrl_operator.triggers.decide import QueueState, RunView
 from mtrl_operator.triggers.notifications import MalformedNotification, ObjectEvent, parse
-from mtrl_operator.workqueue import WorkQueue
+from mtrl_operator.workqueue import WorkQueue, every
 from mtrl_rollout.sqs import Outgoing, Received, Sqs
 
 log = logging.getLogger("mtrl.trigger")
@@ -101,7 +101,8 @@ class TriggerController:
     def start(self) -> None:
         self.queue = WorkQueue(self.reconcile, workers=WORKERS)
         if self.settings.sweep_interval_seconds > 0:
-            self._tasks.append(asyncio.create_task(self._sweep_forever()))
+            self._tasks.append(asyncio.create_task(every(
+                self.settings.sweep_interval_seconds, self.sweep_once, "trigger sweep")))
 
     async def stop(self) -> None:
         tasks = [*self._tasks, *self.consumers.values()]
@@ -474,12 +475,3 @@ class TriggerController:
             log.info("sweeper deleted %d orphaned trigger queue(s)", swept)
         return swept
 
-    async def _sweep_forever(self) -> None:
-        while True:
-            try:
-                await self.sweep_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("trigger sweep failed: %r", exc)
-            await asyncio.sleep(self.settings.sweep_interval_seconds)

@@ -13,7 +13,5 @@ from mtrl_testbed.cluster import LocalCluster
 
 @pytest.fixture
 def namespace(cluster: LocalCluster) -> Iterator[str]:
-    name = f"api-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", name)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with cluster.namespace(f"api-{uuid.uuid4().hex[:8]}") as name:
+        yield name
