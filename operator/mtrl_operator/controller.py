@@ -207,9 +207,11 @@ class Controller:
         missed DELETED would leave a child in the cache forever (a teardown waiting on it
         would never end)."""
         kind = resource.__name__
+        absent_for = 0.0  # an uninstalled kind is looked for again after 5 s, 10 s, ... 60 s
         while True:
             try:
                 objs, version = await self.kube.list_with_version(resource, labels, namespace)
+                absent_for = 0.0
                 self.on_children_listed(kind, namespace, [_dump(obj) for obj in objs])
                 async for event, obj in self.kube.watch(resource, labels=labels,
                                                         namespace=namespace,
@@ -218,9 +220,10 @@ class Controller:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a cut stream or a version too old (410): list again
-                if _http_status(exc) == 404:  # e.g. no PyTorchJob CRD in this cluster
-                    log.info("%s is not served here; looking again in 60s", kind)
-                    await asyncio.sleep(60)
+                if _http_status(exc) == 404:  # e.g. no PyTorchJob CRD (yet) in this cluster
+                    absent_for = min(60.0, max(5.0, 2 * absent_for))
+                    log.info("%s is not served here; looking again in %.0fs", kind, absent_for)
+                    await asyncio.sleep(absent_for)
                     continue
                 log.warning("watch of %s ended: %r", kind, exc)
             await asyncio.sleep(1)
