@@ -12,7 +12,6 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections import defaultdict
 from dataclasses import replace
 from typing import Any
 
@@ -93,7 +92,7 @@ class Controller:
         self.runs: dict[Key, dict[str, Any]] = {}
         self.keys_by_uid: dict[str, Key] = {}
         # run UID -> {(kind, name): object}
-        self.trainers: dict[str, dict[tuple[str, str], dict[str, Any]]] = defaultdict(dict)
+        self.trainers: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
         self.deployments: dict[str, dict[str, Any]] = {}
         self.progress: dict[str, dict[str, Any]] = {}
         self.phases: dict[Key, str] = {}  # for the runs-by-phase gauge, kept in O(1) per change
@@ -166,10 +165,13 @@ class Controller:
             return
         gone = event_type == "DELETED"
         if kind in TRAINER_KINDS:
-            if gone:
-                self.trainers[uid].pop((kind, meta["name"]), None)
+            if gone:  # never a new entry: a late DELETED after the run's own would leak one
+                trainers = self.trainers.get(uid, {})
+                trainers.pop((kind, meta["name"]), None)
+                if not trainers:
+                    self.trainers.pop(uid, None)
             else:
-                self.trainers[uid][(kind, meta["name"])] = obj
+                self.trainers.setdefault(uid, {})[(kind, meta["name"])] = obj
         elif kind == "Deployment":
             if gone:
                 self.deployments.pop(uid, None)

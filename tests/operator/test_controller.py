@@ -46,7 +46,7 @@ def test_a_relist_forgets_children_deleted_while_no_watch_was_open() -> None:
 
     # The watch of Jobs in "ns" was cut while a's trainer was deleted; the new list lacks it.
     controller.on_children_listed("Job", "ns", [_child("ns", "b-trainer-1", "u-b")])
-    assert not controller.trainers["u-a"]
+    assert "u-a" not in controller.trainers
     assert set(controller.trainers["u-b"]) == {("Job", "b-trainer-1")}
     assert set(controller.trainers["u-c"]) == {("Job", "c-trainer-1")}  # another namespace
     assert "u-a" in controller.deployments  # another kind
@@ -101,3 +101,17 @@ def test_polls_that_find_nothing_changed_back_off_to_the_resync_period() -> None
                           requeue_after=2.0)
     assert controller._backoff(("ns", "run"), progressed) == 2.0  # a change starts over
     assert controller._backoff(("ns", "other"), waiting) == 2.0  # per run
+
+
+def test_a_deleted_run_leaves_nothing_behind_even_when_child_events_come_late() -> None:
+    controller = Controller(Settings(), kube=None, aws=None)  # type: ignore[arg-type]
+    controller.queue = _RecordingQueue()  # type: ignore[assignment]
+    controller.on_run("ADDED", _body("Succeeded"))
+    controller.on_child("Job", "ADDED", _child("ns", "run-t1", "u-1"))
+    controller.on_child("ConfigMap", "ADDED", _child("ns", "run-progress", "u-1"))
+    controller.on_run("DELETED", _body("Succeeded"))
+    # The garbage collector removes the run's children after the run is gone.
+    controller.on_child("Job", "DELETED", _child("ns", "run-t1", "u-1"))
+    controller.on_child("ConfigMap", "DELETED", _child("ns", "run-progress", "u-1"))
+    assert (controller.runs, controller.keys_by_uid, controller.trainers, controller.deployments,
+            controller.progress, controller.phases, controller.polls) == ({}, {}, {}, {}, {}, {}, {})
