@@ -50,7 +50,11 @@ e2e-kind: install ## the demo on a kind cluster (needs docker, kind, kubectl, he
 bench: install tools ## benchmarks; results go to BENCHMARKS.md
 	$(BIN)/python bench/run_all.py
 
+SOAK_MINUTES ?= 30
+soak: install tools ## bounded soak (SOAK_MINUTES, default 30): flat memory, no leaks; result in BENCHMARKS.md
+	$(BIN)/python bench/soak.py --minutes $(SOAK_MINUTES)
+
 clean: ## remove the venv and local state (not the cached binaries)
 	rm -rf $(VENV) $(CLUSTER_DIR) out .pytest_cache .ruff_cache
 
-.PHONY: help install tools crds lint test cluster-up cluster-down moto demo e2e-kind bench clean
+.PHONY: help install tools crds lint test cluster-up cluster-down moto demo e2e-kind bench soak clean

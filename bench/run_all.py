@@ -18,6 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 BENCHES = [
     ("Operator overhead (P1-P3)",
      ["bench/operator_bench.py", "--runs", "20"]),
+    ("Scale: one operator, many concurrent runs (P4)",
+     ["bench/scale_bench.py", "--runs", "10", "100", "500"]),
     ("Transport (P5)",
      ["bench/transport_bench.py", "--messages", "1000", "--concurrency", "4", "--turns", "100"]),
     ("Trainer, CPU smoke (P6 needs a GPU: see below)",
@@ -57,9 +59,10 @@ def main() -> int:
               "side in one run; the machine is shared and noisy, so read ratios, not "
               "absolutes.\n\n")
     body = header + "\n".join(sections)
-    notes = REPO / "bench" / "NOTES.md"
-    if notes.exists():
-        body += "\n" + notes.read_text()
+    for extra in ("SOAK.md", "NOTES.md"):  # the soak's last result (`make soak`), notes
+        path = REPO / "bench" / extra
+        if path.exists():
+            body += "\n" + path.read_text()
     (REPO / "BENCHMARKS.md").write_text(body)
     return 1 if failed else 0
 

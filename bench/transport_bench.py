@@ -125,7 +125,7 @@ async def round_trips(sqs: Sqs, queues, reply_url: str, turns: int, episodes: in
     latencies: list[float] = []
 
     async def episode(e: int) -> None:
-        for turn in range(turns // episodes):
+        for turn in range(max(1, turns // episodes)):  # at least one turn per episode
             request = GenerateRequest(
                 run_id="bench",
                 step=0,

@@ -203,6 +203,9 @@ class LocalCluster:
         if state.exists():
             state.unlink()
 
+    def pids(self, names: tuple[str, ...]) -> dict[str, int]:
+        return {name: self._procs[name].pid for name in names}
+
     def processes_alive(self) -> dict[str, bool]:
         return {name: proc.poll() is None for name, proc in self._procs.items()}
 

@@ -31,6 +31,11 @@ class MotoServer:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None, "not started"
+        return self._proc.pid
+
     def env(self) -> dict[str, str]:
         """Environment variables that point boto3 (and child processes) at this server."""
         return {
