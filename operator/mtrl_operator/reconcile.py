@@ -272,18 +272,20 @@ def decide(obs: Observed) -> Decision:
     # 1. Queues.
     st.cond("QueuesReady", obs.queues_ready, "QueuesCreated" if obs.queues_ready else
             "CreatingQueues", "" if obs.queues_ready else "creating SQS queues")
-    if not obs.queues_ready:
-        return wait([Act.ENSURE_QUEUES], requeue=0.5)
+    if not obs.queues_ready:  # CreateQueue returns once the queue exists: look again at once
+        return wait([Act.ENSURE_QUEUES], requeue=0.1)
 
     # 2. Workers; the trainer waits for enough of them.
     enough = obs.workers_ready >= spec.workers.min_replicas
     st.cond("WorkersReady", enough, "WorkersReady" if enough else "WaitingForWorkers",
             f"{obs.workers_ready}/{spec.workers.max_replicas} workers ready "
             f"(minimum {spec.workers.min_replicas})")
+    # ECS tasks have no watch: look again soon. The controller doubles the wait while
+    # nothing changes, so a short first look costs little however long the workers take.
     if not obs.workers_exist or obs.workers_desired < spec.workers.max_replicas:
-        return wait([Act.ENSURE_WORKERS], requeue=2.0)
+        return wait([Act.ENSURE_WORKERS], requeue=0.5)
     if not enough and obs.trainer is None:
-        return wait([], requeue=2.0)
+        return wait([], requeue=0.5)
 
     # 3. Trainer, one attempt at a time.
     attempt = st.s.attempts
