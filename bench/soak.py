@@ -34,6 +34,7 @@ import boto3
 import httpx2
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
+from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import ConfigMap, Namespace, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from scale_bench import PYTORCHJOB_CRD, REPO, TrainingOperator, run_manifest
@@ -89,7 +90,12 @@ def cycle(client: Client, subnet: str, group: str, seconds: float, concurrency: 
         if now >= next_sample:
             samples.append((now - started, rss_mib(pid)))
             next_sample += SAMPLE_EVERY
-        runs = list(client.list(MultiTurnRLRun, namespace=NAMESPACE))
+        try:
+            runs = list(client.list(MultiTurnRLRun, namespace=NAMESPACE))
+        except ApiError as exc:  # e.g. 429 while the API server's watch cache refills
+            print(f"listing runs failed, trying again: {exc}", file=sys.stderr, flush=True)
+            time.sleep(1.0)
+            continue
         live = 0
         for run in runs:
             status = run.status or {}

@@ -133,15 +133,18 @@ class LocalCluster:
                            "-f", str(path))
         names = [line.split("/", 1)[1] for line in out.stdout.split() if "/" in line]
 
-        def established() -> bool:
+        def served() -> bool:
+            """Established, and listable: right after that the API server may still answer
+            429 "storage is (re)initializing" while its watch cache fills."""
             for name in names:
                 cond = self.kubectl("get", "crd", name, "-o", "jsonpath={.status.conditions["
                                     "?(@.type=='Established')].status}", check=False).stdout
-                if cond.strip() != "True":
+                if cond.strip() != "True" or self.kubectl(
+                        "get", name, "--all-namespaces", "-o", "name", check=False).returncode:
                     return False
             return True
 
-        wait_until(established, timeout, f"CRDs {names} established", interval=0.25)
+        wait_until(served, timeout, f"CRDs {names} served", interval=0.25)
         return names
 
     # ------------------------------------------------------------------ lifecycle
