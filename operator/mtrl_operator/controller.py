@@ -80,6 +80,10 @@ def _reconcile_input(body: dict[str, Any]) -> tuple[Any, ...]:
             meta.get("finalizers"), meta.get("annotations"), body.get("spec"), body.get("status"))
 
 
+def _version(obj: dict[str, Any]) -> str | None:
+    return obj["metadata"].get("resourceVersion")
+
+
 def _dump(obj: Any) -> dict[str, Any]:
     return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
 
@@ -200,8 +204,17 @@ class Controller:
             if namespace in ("*", meta["namespace"]) and \
                     (meta["namespace"], meta["name"]) not in present:
                 self.on_child(kind, "DELETED", obj)
-        for obj in objs:
-            self.on_child(kind, "ADDED", obj)
+        for obj in objs:  # a relist every few minutes must not wake every run
+            cached = self._cached_child(kind, obj)
+            if cached is None or _version(cached) != _version(obj):
+                self.on_child(kind, "ADDED", obj)
+
+    def _cached_child(self, kind: str, obj: dict[str, Any]) -> dict[str, Any] | None:
+        meta = obj["metadata"]
+        uid = (meta.get("labels") or {}).get(LABEL_RUN_UID, "")
+        if kind in TRAINER_KINDS:
+            return self.trainers.get(uid, {}).get((kind, meta["name"]))
+        return (self.deployments if kind == "Deployment" else self.progress).get(uid)
 
     async def _watch_children(self, resource: Any, labels: dict[str, str], namespace: str) -> None:
         """List, then watch from the list's version, as an informer does. A watch that was cut

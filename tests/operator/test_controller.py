@@ -115,3 +115,21 @@ def test_a_deleted_run_leaves_nothing_behind_even_when_child_events_come_late() 
     controller.on_child("ConfigMap", "DELETED", _child("ns", "run-progress", "u-1"))
     assert (controller.runs, controller.keys_by_uid, controller.trainers, controller.deployments,
             controller.progress, controller.phases, controller.polls) == ({}, {}, {}, {}, {}, {}, {})
+
+
+def test_a_relist_wakes_only_the_runs_whose_children_changed() -> None:
+    controller = Controller(Settings(), kube=None, aws=None)  # type: ignore[arg-type]
+    queue = _RecordingQueue()
+    controller.queue = queue  # type: ignore[assignment]
+    for uid in ("u-a", "u-b"):
+        controller.on_run("ADDED", {"metadata": {"namespace": "ns", "name": uid, "uid": uid}})
+    jobs = [_child("ns", f"{uid}-t1", uid) for uid in ("u-a", "u-b")]
+    for job in jobs:
+        job["metadata"]["resourceVersion"] = "1"
+        controller.on_child("Job", "ADDED", job)
+    queue.added.clear()
+
+    changed = _child("ns", "u-b-t1", "u-b")
+    changed["metadata"]["resourceVersion"] = "2"
+    controller.on_children_listed("Job", "ns", [jobs[0], changed])
+    assert queue.added == [("ns", "u-b")]
