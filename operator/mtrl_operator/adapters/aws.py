@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ log = logging.getLogger("mtrl.aws")
 
 RETRY_CONFIG = Config(retries={"max_attempts": 8, "mode": "standard"}, connect_timeout=5,
                       read_timeout=30, max_pool_connections=32)
-_GONE = ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")
+QUEUE_GONE = ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,35 @@ def client(session: boto3.session.Session, service: str) -> Any:
     return made
 
 
+async def call(client: Any, op: str, **kwargs: Any) -> dict[str, Any]:
+    """One boto3 call in a thread; its error, if any, is counted by operation and code."""
+    try:
+        return await asyncio.to_thread(getattr(client, op), **kwargs)
+    except ClientError as exc:
+        metrics.CLOUD_ERRORS.labels(operation=op,
+                                    code=exc.response.get("Error", {}).get("Code", "?")).inc()
+        raise
+
+
+async def tagged_resources(tagging: Any, operator_id: str,
+                           types: list[str]) -> AsyncIterator[tuple[str, dict[str, str]]]:
+    """(ARN, tags) of every resource of `types` this operator tagged, page by page."""
+    token = ""
+    while True:
+        kwargs: dict[str, Any] = {
+            "TagFilters": [{"Key": TAG_MANAGED_BY, "Values": [MANAGED_BY]},
+                           {"Key": TAG_OPERATOR_ID, "Values": [operator_id]}],
+            "ResourceTypeFilters": types, "ResourcesPerPage": 100}
+        if token:
+            kwargs["PaginationToken"] = token
+        resp = await call(tagging, "get_resources", **kwargs)
+        for item in resp.get("ResourceTagMappingList", []):
+            yield item["ResourceARN"], {t["Key"]: t["Value"] for t in item.get("Tags", [])}
+        token = resp.get("PaginationToken", "")
+        if not token:
+            return
+
+
 class Aws:
     def __init__(self, region: str) -> None:
         session = boto3.session.Session(region_name=region)
@@ -86,10 +116,9 @@ class Aws:
 
     async def _call(self, client: Any, op: str, **kwargs: Any) -> dict[str, Any]:
         try:
-            return await asyncio.to_thread(getattr(client, op), **kwargs)
+            return await call(client, op, **kwargs)
         except ClientError as exc:
             code = exc.response["Error"].get("Code", "?")
-            metrics.CLOUD_ERRORS.labels(operation=op, code=code).inc()
             if code in SPEC_ERROR_CODES:
                 raise SpecError(code, f"{op}: {exc.response['Error'].get('Message', code)}") \
                     from exc
@@ -148,7 +177,7 @@ class Aws:
         try:
             await self._call(self.sqs, "delete_queue", QueueUrl=url)
         except ClientError as exc:
-            if exc.response["Error"].get("Code") not in _GONE:
+            if exc.response["Error"].get("Code") not in QUEUE_GONE:
                 raise
         crashpoints.step(f"delete_queue {url}")
         metrics.RESOURCES_DELETED.labels(kind="queue").inc()
@@ -227,23 +256,11 @@ class Aws:
     async def tagged(self, operator_id: str) -> dict[str, list[str]]:
         """run UID -> ARNs of resources this operator tagged (queues, tasks, definitions)."""
         by_run: dict[str, list[str]] = defaultdict(list)
-        token = ""
-        while True:
-            kwargs: dict[str, Any] = {
-                "TagFilters": [{"Key": TAG_MANAGED_BY, "Values": [MANAGED_BY]},
-                               {"Key": TAG_OPERATOR_ID, "Values": [operator_id]}],
-                "ResourceTypeFilters": ["sqs", "ecs:task", "ecs:task-definition"],
-                "ResourcesPerPage": 100}
-            if token:
-                kwargs["PaginationToken"] = token
-            resp = await self._call(self.tagging, "get_resources", **kwargs)
-            for item in resp.get("ResourceTagMappingList", []):
-                tags = {t["Key"]: t["Value"] for t in item.get("Tags", [])}
-                if TAG_RUN_UID in tags:
-                    by_run[tags[TAG_RUN_UID]].append(item["ResourceARN"])
-            token = resp.get("PaginationToken", "")
-            if not token:
-                return dict(by_run)
+        async for arn, tags in tagged_resources(self.tagging, operator_id,
+                                                ["sqs", "ecs:task", "ecs:task-definition"]):
+            if TAG_RUN_UID in tags:
+                by_run[tags[TAG_RUN_UID]].append(arn)
+        return dict(by_run)
 
     async def delete_by_arn(self, arn: str, cluster: str) -> bool:
         """Delete one swept resource, whatever its kind; False when it was already gone.
@@ -256,7 +273,7 @@ class Aws:
                 resp = await self._call(self.sqs, "get_queue_url", QueueName=name,
                                         QueueOwnerAWSAccountId=account)
             except ClientError as exc:
-                if exc.response["Error"].get("Code") in _GONE:
+                if exc.response["Error"].get("Code") in QUEUE_GONE:
                     return False
                 raise
             await self._delete_queue(resp["QueueUrl"])

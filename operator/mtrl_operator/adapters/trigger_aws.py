@@ -18,18 +18,16 @@ from botocore.exceptions import ClientError
 
 from mtrl_operator import metrics
 from mtrl_operator.adapters import crashpoints
-from mtrl_operator.adapters.aws import RETRY_CONFIG
+from mtrl_operator.adapters.aws import QUEUE_GONE, call, client, tagged_resources
 from mtrl_operator.api.trigger import S3Source
 from mtrl_operator.builders.queues import QueueRequest
 from mtrl_operator.naming import TAG_SOURCE_BUCKET, TAG_TRIGGER_UID, TriggerNames
 from mtrl_operator.triggers import build
 from mtrl_operator.triggers.decide import QueueState
-from mtrl_rollout.queues import MANAGED_BY, TAG_MANAGED_BY, TAG_OPERATOR_ID
 from mtrl_rollout.sqs import Sqs
 
 log = logging.getLogger("mtrl.trigger.aws")
 
-_QUEUE_GONE = ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")
 _BUCKET_GONE = ("NoSuchBucket",)
 
 
@@ -40,18 +38,11 @@ def _code(exc: ClientError) -> str:
 class TriggerAws:
     def __init__(self, region: str) -> None:
         session = boto3.session.Session(region_name=region)
-        self.sqs = session.client("sqs", config=RETRY_CONFIG)
-        self.s3 = session.client("s3", config=RETRY_CONFIG)
-        self.tagging = session.client("resourcegroupstaggingapi", config=RETRY_CONFIG)
+        self.sqs = client(session, "sqs")
+        self.s3 = client(session, "s3")
+        self.tagging = client(session, "resourcegroupstaggingapi")
         # One read-modify-write of a bucket's notification configuration at a time.
         self._bucket_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-
-    async def _call(self, client: Any, op: str, **kwargs: Any) -> dict[str, Any]:
-        try:
-            return await asyncio.to_thread(getattr(client, op), **kwargs)
-        except ClientError as exc:
-            metrics.CLOUD_ERRORS.labels(operation=op, code=_code(exc)).inc()
-            raise
 
     def consumer(self) -> Sqs:
         """An SQS facade for one trigger's long polls: its own two threads, so triggers never
@@ -63,23 +54,23 @@ class TriggerAws:
     async def _queue_url(self, name: str, account: str | None = None) -> str | None:
         kwargs = {"QueueName": name, **({"QueueOwnerAWSAccountId": account} if account else {})}
         try:
-            return str((await self._call(self.sqs, "get_queue_url", **kwargs))["QueueUrl"])
+            return str((await call(self.sqs, "get_queue_url", **kwargs))["QueueUrl"])
         except ClientError as exc:
-            if _code(exc) in _QUEUE_GONE:
+            if _code(exc) in QUEUE_GONE:
                 return None
             raise
 
     async def _queue_attributes(self, url: str, *names: str) -> dict[str, str]:
-        resp = await self._call(self.sqs, "get_queue_attributes", QueueUrl=url,
-                                AttributeNames=list(names))
+        resp = await call(self.sqs, "get_queue_attributes", QueueUrl=url,
+                          AttributeNames=list(names))
         return dict(resp.get("Attributes", {}))
 
     async def _ensure_queue(self, req: QueueRequest) -> str:
         url = await self._queue_url(req.name)
         if url:
             return url
-        resp = await self._call(self.sqs, "create_queue", QueueName=req.name,
-                                Attributes=req.attributes, tags=req.tags)
+        resp = await call(self.sqs, "create_queue", QueueName=req.name,
+                          Attributes=req.attributes, tags=req.tags)
         crashpoints.step(f"create_queue {req.name}")
         metrics.RESOURCES_CREATED.labels(kind="queue").inc()
         return str(resp["QueueUrl"])
@@ -104,9 +95,9 @@ class TriggerAws:
 
     async def _delete_queue(self, url: str) -> bool:
         try:
-            await self._call(self.sqs, "delete_queue", QueueUrl=url)
+            await call(self.sqs, "delete_queue", QueueUrl=url)
         except ClientError as exc:
-            if _code(exc) in _QUEUE_GONE:
+            if _code(exc) in QUEUE_GONE:
                 return False
             raise
         crashpoints.step(f"delete_queue {url}")
@@ -125,7 +116,7 @@ class TriggerAws:
     # ------------------------------------------------------------------ bucket notifications
 
     async def _notification_configuration(self, bucket: str) -> dict[str, Any]:
-        resp = await self._call(self.s3, "get_bucket_notification_configuration", Bucket=bucket)
+        resp = await call(self.s3, "get_bucket_notification_configuration", Bucket=bucket)
         return build.notification_configuration(resp)
 
     async def ensure_notification(self, names: TriggerNames, source: S3Source,
@@ -139,9 +130,9 @@ class TriggerAws:
             current = await self._notification_configuration(source.bucket)
             if build.has_queue_configuration(current, entry):
                 return False
-            await self._call(self.s3, "put_bucket_notification_configuration",
-                             Bucket=source.bucket,
-                             NotificationConfiguration=build.with_queue_configuration(current, entry))
+            await call(self.s3, "put_bucket_notification_configuration",
+                       Bucket=source.bucket,
+                       NotificationConfiguration=build.with_queue_configuration(current, entry))
         crashpoints.step(f"put_bucket_notification_configuration {source.bucket}")
         return True
 
@@ -156,9 +147,9 @@ class TriggerAws:
                 raise
             if not any(q.get("Id") == entry_id for q in current.get("QueueConfigurations", [])):
                 return False
-            await self._call(self.s3, "put_bucket_notification_configuration", Bucket=bucket,
-                             NotificationConfiguration=build.without_queue_configuration(
-                                 current, entry_id))
+            await call(self.s3, "put_bucket_notification_configuration", Bucket=bucket,
+                       NotificationConfiguration=build.without_queue_configuration(
+                           current, entry_id))
         crashpoints.step(f"put_bucket_notification_configuration {bucket} (removed {entry_id})")
         return True
 
@@ -167,23 +158,10 @@ class TriggerAws:
     async def tagged_queues(self, operator_id: str) -> dict[str, list[tuple[str, str]]]:
         """trigger UID -> [(queue ARN, bucket)] of the queues this operator made for triggers."""
         by_trigger: dict[str, list[tuple[str, str]]] = defaultdict(list)
-        token = ""
-        while True:
-            kwargs: dict[str, Any] = {
-                "TagFilters": [{"Key": TAG_MANAGED_BY, "Values": [MANAGED_BY]},
-                               {"Key": TAG_OPERATOR_ID, "Values": [operator_id]}],
-                "ResourceTypeFilters": ["sqs"], "ResourcesPerPage": 100}
-            if token:
-                kwargs["PaginationToken"] = token
-            resp = await self._call(self.tagging, "get_resources", **kwargs)
-            for item in resp.get("ResourceTagMappingList", []):
-                tags = {t["Key"]: t["Value"] for t in item.get("Tags", [])}
-                if TAG_TRIGGER_UID in tags:
-                    by_trigger[tags[TAG_TRIGGER_UID]].append(
-                        (item["ResourceARN"], tags.get(TAG_SOURCE_BUCKET, "")))
-            token = resp.get("PaginationToken", "")
-            if not token:
-                return dict(by_trigger)
+        async for arn, tags in tagged_resources(self.tagging, operator_id, ["sqs"]):
+            if TAG_TRIGGER_UID in tags:
+                by_trigger[tags[TAG_TRIGGER_UID]].append((arn, tags.get(TAG_SOURCE_BUCKET, "")))
+        return dict(by_trigger)
 
     async def delete_queue_by_arn(self, arn: str) -> bool:
         """False when it was already gone (the tagging API lags behind deletions)."""
