@@ -318,7 +318,7 @@ class Controller:
         resync period: a run waiting on AWS costs O(log wait) reconciles, however long the
         wait (with 500 runs starting at once, waits grow with the number of runs)."""
         assert decision.requeue_after is not None
-        outcome = (decision.status.wire(), tuple(decision.actions))
+        outcome = (decision.status, tuple(decision.actions))  # models compare by value
         last, polls = self.polls.get(key, (None, 0))
         polls = polls + 1 if outcome == last else 0
         self.polls[key] = (outcome, polls)
