@@ -132,12 +132,16 @@ def _aws_left() -> dict[str, int]:
     return {"queues": len(queues), "tasks": running}
 
 
-def _proc_figures(pid: int) -> dict[str, float]:
+def memory_mib(pid: int, field: str) -> float:
+    """A memory figure of /proc/<pid>/status (VmRSS: resident now; VmHWM: its peak)."""
     status = Path(f"/proc/{pid}/status").read_text()
-    hwm_kib = int(re.search(r"VmHWM:\s+(\d+)", status).group(1))  # type: ignore[union-attr]
+    return int(re.search(rf"{field}:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
+
+
+def _proc_figures(pid: int) -> dict[str, float]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
-    return {"peak_rss_mib": hwm_kib / 1024, "cpu_s": cpu}
+    return {"peak_rss_mib": memory_mib(pid, "VmHWM"), "cpu_s": cpu}
 
 
 def _server_pids(cluster: LocalCluster, moto: MotoServer) -> dict[str, int]:

@@ -22,7 +22,6 @@ import datetime as dt
 import json
 import os
 import random
-import re
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.resources.core_v1 import ConfigMap, Namespace, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
-from scale_bench import PYTORCHJOB_CRD, REPO, TrainingOperator, run_manifest
+from scale_bench import PYTORCHJOB_CRD, REPO, TrainingOperator, memory_mib, run_manifest
 
 from mtrl_operator.adapters.kube import MultiTurnRLRun, PyTorchJob
 from mtrl_operator.naming import LABEL_MANAGED_BY, MANAGED_BY
@@ -49,11 +48,6 @@ from mtrl_testbed.ports import wait_until
 NAMESPACE = "soak"
 OPERATOR_ID = "soak"
 SAMPLE_EVERY = 15.0
-
-
-def rss_mib(pid: int) -> float:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
 
 
 def leaks(client: Client) -> dict[str, list[str]]:
@@ -88,7 +82,7 @@ def cycle(client: Client, subnet: str, group: str, seconds: float, concurrency: 
     while True:
         now = time.monotonic()
         if now >= next_sample:
-            samples.append((now - started, rss_mib(pid)))
+            samples.append((now - started, memory_mib(pid, "VmRSS")))
             next_sample += SAMPLE_EVERY
         try:
             runs = list(client.list(MultiTurnRLRun, namespace=NAMESPACE))
