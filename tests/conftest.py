@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
 import shutil
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,6 +21,38 @@ from mtrl_testbed.operator import OperatorProcess
 from mtrl_testbed.ports import wait_until
 
 ARTIFACTS = Path(os.environ.get("MTRL_TEST_ARTIFACTS", REPO_ROOT / "out" / "test"))
+LOG_TAIL_LINES = 40
+
+
+_STARTED = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_STARTED] = time.time()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test shows what the operators said while it ran: CI keeps only its output,
+    not `out/test`. The warnings and errors come first, then the last lines."""
+    report: pytest.TestReport = yield
+    if report.failed and call.when == "call":
+        started = item.stash.get(_STARTED, 0.0)
+        for log in sorted(ARTIFACTS.glob("operator-*.log")):
+            if log.stat().st_mtime >= started:
+                report.sections.append((f"operator log {log.name}", _log_tail(log, started)))
+    return report
+
+
+def _log_tail(log: Path, since: float) -> str:
+    """The lines logged since `since` (logs are JSON lines that start with their time)."""
+    start = dt.datetime.fromtimestamp(since, dt.UTC).isoformat(timespec="milliseconds")
+    lines = [line for line in log.read_text(errors="replace").splitlines()
+             if (m := re.match(r'{"ts": "([^"]+)"', line)) is None or m[1] >= start]
+    loud = [line for line in lines if re.search(r'"level": "(warning|error|critical)"', line)]
+    return "\n".join(["-- warnings and errors --", *loud[-LOG_TAIL_LINES:],
+                      "-- last lines --", *lines[-LOG_TAIL_LINES // 2:]])
 
 
 @pytest.fixture(scope="session")

@@ -64,12 +64,16 @@ RUN_TIMEOUT_S = 120  # generous: another test run may share the CPUs
 RECOVERY_S = 30
 STEPS = 3
 # A trainer that reports STEPS steps of progress to the run's ConfigMap, STEP_SECONDS apart.
+# With a GATE file it waits until the test creates that file: a trainer that could finish on
+# its own might end before the slowest run is Running, and "every run Running" never come.
 # A report the API server cannot take (restarting) is retried, never skipped, so the final
 # status must show every step.
 REPORTING = ["python", "-c", textwrap.dedent(f"""\
     import os, time
     from mtrl_trainer.progress import ConfigMapSink
     sink = ConfigMapSink(os.environ["MTRL_PROGRESS_CONFIGMAP"], os.environ["MTRL_NAMESPACE"])
+    while not os.path.exists(os.environ.get("GATE", "/")):
+        time.sleep(0.2)
     for step in range(1, {STEPS + 1}):
         time.sleep(float(os.environ["STEP_SECONDS"]))
         deadline = time.monotonic() + 120
@@ -87,8 +91,10 @@ SEED = 20240611
 ECS = {"backend": "ecs-fargate", "cpu": 256, "memory": 512, "minReplicas": 1, "maxReplicas": 3}
 
 
-def _trainer(command: list[str], step_seconds: float = 2) -> dict[str, Any]:
-    return {"command": command, "env": [{"name": "STEP_SECONDS", "value": str(step_seconds)}]}
+def _trainer(command: list[str], step_seconds: float = 2,
+             gate: Path | None = None) -> dict[str, Any]:
+    env = [{"name": "STEP_SECONDS", "value": str(step_seconds)}]
+    return {"command": command, "env": env + ([{"name": "GATE", "value": str(gate)}] if gate else [])}
 
 
 # --------------------------------------------------------------------------- observers
@@ -239,20 +245,24 @@ def _phase(cluster: LocalCluster, namespace: str, name: str) -> str | None:
 
 
 def _wait_phases(cluster: LocalCluster, namespace: str, wanted: dict[str, set[str]],
-                 timeout: float, what: str) -> float:
+                 timeout: float, what: str, between: Callable[[], None] | None = None) -> float:
     """Wait until each run's phase is one of its wanted ones; no run may end in another
-    terminal phase. Returns the seconds it took."""
+    terminal phase. `between` runs after each look that found a run not there yet (default:
+    sleep half a second). Returns the seconds it took."""
     began = time.monotonic()
-
-    def check() -> bool:
+    while True:
         phases = {name: _phase(cluster, namespace, name) for name in wanted}
         for name, phase in phases.items():
             assert phase not in {"Succeeded", "Failed"} - wanted[name], \
                 f"{name} ended {phase}, not {wanted[name]}: {phases}"
-        return all(phases[name] in ok for name, ok in wanted.items())
-
-    wait_for(check, timeout, what, interval=0.5)
-    return time.monotonic() - began
+        if all(phases[name] in ok for name, ok in wanted.items()):
+            return time.monotonic() - began
+        assert time.monotonic() - began < timeout, \
+            f"timed out after {timeout}s waiting for {what}; phases: {phases}"
+        if between is None:
+            time.sleep(0.5)
+        else:
+            between()
 
 
 def _finished(cluster: LocalCluster, namespace: str, name: str, phase: str,
@@ -361,19 +371,22 @@ def _apply_all(cluster: LocalCluster, namespace: str,
 
 
 def test_runs_survive_api_server_restarts(
-        cluster: LocalCluster, own_namespace: str, ledger: ChildLedger,
+        cluster: LocalCluster, own_namespace: str, ledger: ChildLedger, tmp_path: Path,
         start_operator: Callable[..., OperatorProcess]) -> None:
     ns = own_namespace
+    gate = tmp_path / "trainers-may-report"
     operator = start_operator("kube-restart")
     specs = _apply_all(cluster, ns, {
-        "restart-kube": {"trainer": _trainer(REPORTING, step_seconds=4)},
-        "restart-ecs": {"trainer": _trainer(REPORTING, step_seconds=4), "workers": ECS},
+        "restart-kube": {"trainer": _trainer(REPORTING, step_seconds=4, gate=gate)},
+        "restart-ecs": {"trainer": _trainer(REPORTING, step_seconds=4, gate=gate),
+                        "workers": ECS},
         "restart-hang": {"trainer": _trainer(HANG)},
     })
     # 1. While every run trains (queues, workers and trainer exist; no trainer has finished).
     _wait_phases(cluster, ns, {name: {"Running"} for name in specs}, RUN_TIMEOUT_S,
                  "every run to be Running")
     names = {names_of(get(cluster, ns, name), "kube-restart"): spec for name, spec in specs.items()}
+    gate.touch()  # the trainers report their steps through the restart
     downtimes = [cluster.restart_apiserver()]
     recovered = _wait_phases(cluster, ns, {"restart-kube": {"Succeeded"},
                                            "restart-ecs": {"Succeeded"},
@@ -405,22 +418,22 @@ def test_runs_finish_when_watch_streams_are_cut(
         cluster: LocalCluster, own_namespace: str, admin: Client, ledger: ChildLedger,
         tmp_path: Path, start_operator: Callable[..., OperatorProcess]) -> None:
     ns = own_namespace
+    gate = tmp_path / "trainers-may-report"
     with KubeProxy(cluster, tmp_path) as proxy:
         operator = start_operator("kube-cuts", kubeconfig=proxy.kubeconfig)
         specs = _apply_all(cluster, ns, {
-            "cut-kube": {"trainer": _trainer(REPORTING)},
-            "cut-ecs": {"trainer": _trainer(REPORTING), "workers": ECS},
+            "cut-kube": {"trainer": _trainer(REPORTING, gate=gate)},
+            "cut-ecs": {"trainer": _trainer(REPORTING, gate=gate), "workers": ECS},
             "cut-hang": {"trainer": _trainer(HANG)},
         })
+
         # 1. Every connection severed every 1.5 s while the runs provision.
-        def all_running() -> bool:
-            if all(_phase(cluster, ns, name) == "Running" for name in specs):
-                return True
+        def cut_and_wait() -> None:
             proxy.cut()
             time.sleep(1.5)
-            return False
 
-        wait_for(all_running, RUN_TIMEOUT_S, "every run to be Running through cuts", interval=0)
+        _wait_phases(cluster, ns, {name: {"Running"} for name in specs}, RUN_TIMEOUT_S,
+                     "every run to be Running through cuts", between=cut_and_wait)
         provisioning_cuts = proxy.counts.cuts
         names = {names_of(get(cluster, ns, name), "kube-cuts"): spec
                  for name, spec in specs.items()}
@@ -428,6 +441,7 @@ def test_runs_finish_when_watch_streams_are_cut(
         # 2. The trainers finish while the operator cannot reach the API server at all: it
         #    must find out from its watches once they come back, not minutes later.
         with proxy.partition():
+            gate.touch()
             wait_for(lambda: all(_job_succeeded(admin, ns, uid[name])
                                  for name in ("cut-kube", "cut-ecs")), RUN_TIMEOUT_S,
                      "both trainers to finish during the partition")
