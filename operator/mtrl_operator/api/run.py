@@ -104,9 +104,27 @@ class Toleration(ApiModel):
     """For NoExecute: how long the pod stays bound after the taint appears."""
 
 
+# Set by the operator in trainer and worker containers (docs/environments.md): a run's own env
+# may not replace them, or its pods would talk to another run's queues. Other MTRL_* knobs of
+# the data plane (MTRL_DEVICE, MTRL_LEASE_S, ...) are the user's to set.
+OPERATOR_ENV = (
+    "AWS_REGION", "MTRL_ATTEMPT", "MTRL_CONCURRENCY", "MTRL_CONFIG", "MTRL_DLQ_URL",
+    "MTRL_ENVIRONMENT", "MTRL_ENVIRONMENT_ARGS", "MTRL_EPISODE_TIMEOUT_S",
+    "MTRL_GENERATE_QUEUE_URL", "MTRL_HEALTH_PORT", "MTRL_MAX_TURNS", "MTRL_NAMESPACE",
+    "MTRL_OPERATOR_ID", "MTRL_PAYLOAD_BUCKET", "MTRL_PROGRESS_CONFIGMAP", "MTRL_QUEUE_PREFIX",
+    "MTRL_RESULT_QUEUE_URL", "MTRL_REWARD_WEIGHTS", "MTRL_ROLLOUT_QUEUE_URL", "MTRL_RUN_ID",
+    "MTRL_RUN_NAME",
+)
+
+
 class EnvVar(ApiModel):
+    model_config = ApiModel.model_config | {"json_schema_extra": rules(rule(
+        f"!(self.name in {list(OPERATOR_ENV)})".replace('"', "'"),
+        "this variable is set by the operator (it names the run and its queues); "
+        "docs/environments.md lists the ones a run may set", field_path=".name"))}
+
     name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
-    """Variable name."""
+    """Variable name. Not one the operator sets (AWS_REGION, MTRL_RUN_ID, the queue URLs...)."""
     value: Annotated[str, Field(max_length=32768)] = ""
     """Variable value."""
 

@@ -1,4 +1,5 @@
-"""Environment variables the data plane reads (docs/protocol.md lists them all)."""
+"""Environment variables the data plane reads (docs/environments.md and docs/trainer.md list
+them all)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def worker_env(names: RunNames, spec: MultiTurnRLRunSpec, queue_urls: dict[str, 
                region: str) -> dict[str, str]:
     weights = {c.name: c.weight for c in spec.reward.components}
     return {
+        **{e.name: e.value for e in spec.workers.env},  # first: the operator's names win
         **data_plane_env(names, spec, queue_urls, region),
         "MTRL_ENVIRONMENT": spec.rollout.environment,
         "MTRL_ENVIRONMENT_ARGS": json.dumps(spec.rollout.environment_args, sort_keys=True),
@@ -43,18 +45,17 @@ def worker_env(names: RunNames, spec: MultiTurnRLRunSpec, queue_urls: dict[str, 
         "MTRL_EPISODE_TIMEOUT_S": str(spec.rollout.episode_timeout_seconds),
         "MTRL_MAX_TURNS": str(spec.rollout.max_turns),
         "MTRL_HEALTH_PORT": str(HEALTH_PORT),
-        **{e.name: e.value for e in spec.workers.env},
     }
 
 
 def trainer_env(names: RunNames, spec: MultiTurnRLRunSpec, queue_urls: dict[str, str],
                 region: str, attempt: int) -> dict[str, str]:
     return {
+        **{e.name: e.value for e in spec.trainer.env},  # first: the operator's names win
         **data_plane_env(names, spec, queue_urls, region),
         "MTRL_CONFIG": f"{CONFIG_DIR}/{CONFIG_FILE}",
         "MTRL_PROGRESS_CONFIGMAP": names.progress_config_map,
         "MTRL_ATTEMPT": str(attempt),
-        **{e.name: e.value for e in spec.trainer.env},
     }
 
 

@@ -78,6 +78,9 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("no-dataset-source", {"dataset": {"inline": DELETE}}, "spec.dataset"),
     ("fargate-cpu-not-a-size", {"workers": {"backend": "ecs-fargate", "cpu": 300}},
      "spec.workers.cpu"),
+    ("env-replaces-operator-var", {"workers": {"env": [{"name": "MTRL_ROLLOUT_QUEUE_URL",
+                                                        "value": "https://elsewhere"}]}},
+     "spec.workers.env[0].name"),
 ]
 
 
