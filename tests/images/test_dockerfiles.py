@@ -17,7 +17,7 @@ import pytest
 
 from mtrl_operator.api.run import MultiTurnRLRunSpec
 from mtrl_operator.builders.trainer import pod_template
-from mtrl_operator.builders.workers import WORKER_COMMAND
+from mtrl_operator.builders.workers import WORKER_COMMAND, deployment
 from mtrl_operator.cli import DELEGATES
 from mtrl_operator.naming import RunNames
 
@@ -27,6 +27,7 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # Console scripts an image may name that other distributions install: script -> distribution.
 FOREIGN_SCRIPTS = {"torchrun": "torch"}
 NAMES = sorted(p.name for p in IMAGES.iterdir() if (p / "Dockerfile").is_file())
+RUN = RunNames("team-a", "wordle", "0000-uid")
 
 
 @dataclass(frozen=True)
@@ -90,14 +91,17 @@ def import_target(target: str) -> None:
     assert callable(getattr(importlib.import_module(module), func)), target
 
 
-def trainer_command(nodes: int, gpus: int) -> list[str]:
-    """The command the operator gives trainer containers for this shape."""
-    spec = MultiTurnRLRunSpec.model_validate({
+def _spec(nodes: int = 1, gpus: int = 8) -> MultiTurnRLRunSpec:
+    return MultiTurnRLRunSpec.model_validate({
         "model": {"name": "Qwen/Qwen3-8B"}, "rollout": {"environment": "wordle"},
         "dataset": {"generated": {}}, "output": {"s3Uri": "s3://bucket/runs/wordle"},
         "trainer": {"nodes": nodes, "gpusPerNode": gpus},
     })
-    template = pod_template(RunNames("team-a", "wordle", "0000-uid"), spec, {}, attempt=1)
+
+
+def trainer_command(nodes: int, gpus: int) -> list[str]:
+    """The command the operator gives trainer containers for this shape."""
+    template = pod_template(RUN, _spec(nodes, gpus), {}, attempt=1)
     return template["spec"]["containers"][0]["command"]
 
 
@@ -202,6 +206,14 @@ EXTRAS = {"operator": set(), "worker": set(), "trainer": {"trainer"}}
 @pytest.mark.parametrize("name", NAMES)
 def test_installs_the_right_extras(name: str) -> None:
     assert installed_extras(name) == EXTRAS[name]
+
+
+def test_worker_pods_run_as_the_images_user() -> None:
+    user = last(final_stage(parse(IMAGES / "worker" / "Dockerfile")), "USER")
+    assert user is not None
+    pod = deployment(RUN, _spec(), {}, {})["spec"]["template"]["spec"]
+    assert str(pod["containers"][0]["securityContext"]["runAsUser"]) == \
+        user.args.partition(":")[0]
 
 
 def test_worker_default_is_what_the_operator_runs() -> None:
