@@ -153,6 +153,15 @@ def _metric_sum(text: str, name: str) -> float:
                if line.startswith(name) and not line.startswith("#"))
 
 
+def _aws_requests(text: str) -> Counter[str]:
+    """The operator's AWS requests by operation, from its counter."""
+    out: Counter[str] = Counter()
+    for m in re.finditer(r'^mtrl_cloud_api_requests_total\{(.*)\} (\S+)$', text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m[1]))
+        out[labels.get("operation", "?")] += int(float(m[2]))
+    return out
+
+
 def _kube_requests(audit: Path, offset: int) -> Counter[str]:
     """The operator's requests written to the audit log after `offset`, by verb."""
     verbs: Counter[str] = Counter()
@@ -225,7 +234,7 @@ def measure(cluster: LocalCluster, moto: MotoServer, root: Path, n: int,
         with contextlib.suppress(ApiError):
             client.delete(Namespace, namespace)
     kube = _kube_requests(cluster.audit_log, audit_offset)
-    aws = _metric_sum(metrics_text, "mtrl_cloud_api_requests_total")
+    aws = _aws_requests(metrics_text)
     reconciles = _metric_sum(metrics_text, "mtrl_reconcile_seconds_count")
     return {
         "runs": n,
@@ -241,7 +250,8 @@ def measure(cluster: LocalCluster, moto: MotoServer, root: Path, n: int,
         "cpu_ms_per_run": 1000 * figures["cpu_s"] / n,
         "kube_requests_per_run": sum(kube.values()) / n,
         "kube_requests_by_verb": dict(kube),
-        "aws_requests_per_run": aws / n,
+        "aws_requests_per_run": sum(aws.values()) / n,
+        "aws_requests_by_operation": dict(aws),
         "reconciles_per_run": reconciles / n,
         "moto_cpu_s": servers_cpu["moto"],
         "apiserver_etcd_cpu_s": servers_cpu["kube-apiserver"] + servers_cpu["etcd"],
@@ -266,13 +276,18 @@ def table(results: list[dict[str, Any]]) -> str:
              "|" + "---:|" * len(COLUMNS)]
     for r in results:
         lines.append("| " + " | ".join(fmt.format(r[key]) for key, _, fmt in COLUMNS) + " |")
-    verbs = sorted({v for r in results for v in r["kube_requests_by_verb"]})
-    lines += ["", "| runs | " + " | ".join(f"k8s {v}/run" for v in verbs) + " |",
-              "|" + "---:|" * (len(verbs) + 1)]
-    for r in results:
-        lines.append(f"| {r['runs']} | " + " | ".join(
-            f"{r['kube_requests_by_verb'].get(v, 0) / r['runs']:.2f}" for v in verbs) + " |")
+    for key, title in (("kube_requests_by_verb", "k8s"), ("aws_requests_by_operation", "AWS")):
+        lines += ["", *_per_run(results, key, title)]
     return "\n".join(lines)
+
+
+def _per_run(results: list[dict[str, Any]], key: str, title: str) -> list[str]:
+    """One column per request kind (verb, operation), in requests per run."""
+    kinds = sorted({k for r in results for k in r[key]})
+    return ["| runs | " + " | ".join(f"{title} {k}/run" for k in kinds) + " |",
+            "|" + "---:|" * (len(kinds) + 1),
+            *(f"| {r['runs']} | " + " | ".join(f"{r[key].get(k, 0) / r['runs']:.2f}"
+                                             for k in kinds) + " |" for r in results)]
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
