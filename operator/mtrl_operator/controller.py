@@ -355,22 +355,28 @@ class Controller:
         refs.queues = [QueueRef(role=r, url=u) for r, u in sorted(queue_urls.items())]
 
         workers_exist, desired, ready = False, 0, 0
-        backend = spec.workers.backend if spec else WorkerBackend.KUBERNETES
-        if backend == WorkerBackend.KUBERNETES:
+        # Without a readable spec the backend is unknown: look for workers of both.
+        backend = spec.workers.backend if spec else None
+        if backend in (WorkerBackend.KUBERNETES, None):
             dep = self.deployments.get(names.uid)
             if dep is not None:
                 workers_exist = True
                 refs.worker_deployment = dep["metadata"]["name"]
                 desired = (dep.get("spec") or {}).get("replicas") or 0
                 ready = (dep.get("status") or {}).get("readyReplicas") or 0
-        elif not skip_aws:
+        if backend in (WorkerBackend.ECS_FARGATE, None) and not skip_aws:
             live = [t for t in await self.aws.worker_tasks(names, self._cluster(spec),
                                                            stopped=False) if t.live]
-            # Live tasks name their definition; only without them is a look-up needed.
-            definitions = ([live[0].task_definition_arn] if live and live[0].task_definition_arn
-                           else await self.aws.active_task_definitions(names))
-            workers_exist = bool(live or definitions)
-            desired, ready = len(live), sum(t.ready for t in live)
+            # Live tasks name their definition. Without them, it is looked up once one may
+            # have been registered: workers come after the queues, or it was recorded.
+            may_exist = len(queue_urls) == 4 or deleting or status.phase.finished or \
+                status.resources.task_definition_arn is not None
+            if live and live[0].task_definition_arn:
+                definitions = [live[0].task_definition_arn]
+            else:
+                definitions = await self.aws.active_task_definitions(names) if may_exist else []
+            workers_exist = workers_exist or bool(live or definitions)
+            desired, ready = desired + len(live), ready + sum(t.ready for t in live)
             refs.task_arns = [t.arn for t in live]
             refs.task_definition_arn = definitions[0] if definitions else None
 
@@ -429,7 +435,8 @@ class Controller:
                 assert spec is not None
                 await self.aws.ensure_queues(
                     names, queue_builders.dead_letter_queue(names, spec.queues),
-                    lambda role, arn: queue_builders.work_queue(names, spec.queues, role, arn))
+                    lambda role, arn: queue_builders.work_queue(names, spec.queues, role, arn),
+                    existing=self._queue_urls(obs))
             elif action == Act.ENSURE_WORKERS:
                 assert spec is not None
                 await self._ensure_workers(body, names, spec, obs)
@@ -439,7 +446,7 @@ class Controller:
             elif action == Act.DELETE_TRAINER:
                 await self._delete_trainers(names)
             elif action == Act.DELETE_WORKERS:
-                await self._delete_workers(names, spec)
+                await self._delete_workers(names, spec, obs)
             elif action == Act.DELETE_QUEUES:
                 await self.aws.delete_queues(names)
             elif action == Act.DELETE_RUN:
@@ -459,7 +466,8 @@ class Controller:
             return
         definition = await self.aws.ensure_task_definition(
             names, worker_builders.task_definition(names, spec, env,
-                                                   self.settings.ecs_execution_role_arn))
+                                                   self.settings.ecs_execution_role_arn),
+            known=obs.resources.task_definition_arn)
         tasks = await self._ecs_tasks(names, spec)
         live = sum(t.live for t in tasks)
         missing = spec.workers.max_replicas - live
@@ -490,15 +498,14 @@ class Controller:
         for kind, name in list(self.trainers.get(names.uid, {})):
             await self.kube.delete(TRAINER_KINDS[kind], name, names.namespace)
 
-    async def _delete_workers(self, names: RunNames, spec: MultiTurnRLRunSpec | None) -> None:
+    async def _delete_workers(self, names: RunNames, spec: MultiTurnRLRunSpec | None,
+                              obs: Observed) -> None:
         dep = self.deployments.get(names.uid)
         if dep is not None:
             await self.kube.delete(Deployment, dep["metadata"]["name"], names.namespace)
         if spec is None or spec.workers.backend == WorkerBackend.ECS_FARGATE:
-            cluster = self._cluster(spec)
-            live = [t.arn for t in await self.aws.worker_tasks(names, cluster, stopped=False)
-                    if t.live]
-            await self.aws.stop_tasks(cluster, live)
+            # The live tasks this reconcile observed; one started since is stopped next time.
+            await self.aws.stop_tasks(self._cluster(spec), obs.resources.task_arns)
             await self.aws.deregister_task_definitions(names)
 
     async def _remove_finalizer(self, body: dict[str, Any], finalizers: list[str]) -> None:

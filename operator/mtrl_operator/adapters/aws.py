@@ -149,12 +149,12 @@ class Aws:
                                 AttributeNames=["QueueArn"])
         return resp["Attributes"]["QueueArn"]
 
-    async def ensure_queues(self, names: RunNames, dlq_req: QueueRequest,
-                            work_req: Any) -> list[Queue]:
-        """Create the dead-letter queue, then the work queues that redrive into it.
-        `work_req(role, dlq_arn)` builds each work queue's request. CreateQueue with the same
-        name and attributes returns the existing queue, so this is safe to repeat."""
-        existing = await self.queues(names)
+    async def ensure_queues(self, names: RunNames, dlq_req: QueueRequest, work_req: Any,
+                            existing: dict[str, str]) -> list[Queue]:
+        """Create the dead-letter queue, then the work queues that redrive into it, except
+        those in `existing` (`queues()`, just read). `work_req(role, dlq_arn)` builds each work
+        queue's request. CreateQueue with the same name and attributes returns the existing
+        queue, so this is safe to repeat."""
         dlq_url = existing.get(DLQ) or await self._create_queue(dlq_req)
         dlq_arn = await self.queue_arn(dlq_url)
         out = [Queue(DLQ, dlq_url, dlq_arn)]
@@ -190,7 +190,12 @@ class Aws:
         return [arn for arn in resp.get("taskDefinitionArns", [])
                 if arn.rsplit("/", 1)[-1].rsplit(":", 1)[0] == names.task_family]
 
-    async def ensure_task_definition(self, names: RunNames, body: dict[str, Any]) -> str:
+    async def ensure_task_definition(self, names: RunNames, body: dict[str, Any],
+                                     known: str | None = None) -> str:
+        """The run's active task definition: `known` (just observed), else the newest one
+        registered, else a new one."""
+        if known:
+            return known
         active = await self.active_task_definitions(names)
         if active:
             return active[0]
