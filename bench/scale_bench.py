@@ -54,7 +54,7 @@ from mtrl_testbed.ports import wait_until
 REPO = Path(__file__).resolve().parents[1]
 PYTORCHJOB_CRD = REPO / "tests" / "fixtures" / "thirdparty-crds" / "kubeflow.org_pytorchjobs.yaml"
 OPERATOR_USER = "mtrl-operator"
-POLL = 0.5
+POLL = 0.1  # for the run phases, kept by a watch; moto is asked every 0.5 s
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -119,9 +119,33 @@ class TrainingOperator:
             self._set(job.metadata.name, "Created", "Succeeded")
 
 
-def _phases(client: Client, namespace: str) -> Counter[str]:
-    return Counter(((r.status or {}).get("phase") or "none")
-                   for r in client.list(MultiTurnRLRun, namespace=namespace))
+class PhaseWatch:
+    """Every run's phase, kept from one watch stream: listing 500 runs twice a second would
+    cost the API server and this script more CPU than the operator spends on them."""
+
+    def __init__(self, client: Client, namespace: str) -> None:
+        self.client, self.namespace = client, namespace
+        self.phases: dict[str, str] = {}
+        self.stopped = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while not self.stopped.is_set():
+            try:  # a watch without a version starts with an ADDED for each run there is
+                seen: dict[str, str] = {}
+                for event, run in self.client.watch(MultiTurnRLRun, namespace=self.namespace):
+                    name = run.metadata.name
+                    if event == "DELETED":
+                        seen.pop(name, None)
+                    else:
+                        seen[name] = (run.status or {}).get("phase") or "none"
+                    self.phases = dict(seen)
+            except Exception as exc:  # a cut watch: watch again
+                print(f"run watch ended: {exc!r}", file=sys.stderr, flush=True)
+                time.sleep(0.5)
+
+    def count(self, phase: str) -> int:
+        return sum(p == phase for p in self.phases.values())
 
 
 def _aws_left() -> dict[str, int]:
@@ -174,8 +198,8 @@ def _kube_requests(audit: Path, offset: int) -> Counter[str]:
     return verbs
 
 
-def _until(check: Any, timeout: float, what: str) -> float:
-    wait_until(check, timeout, what, interval=POLL)
+def _until(check: Any, timeout: float, what: str, interval: float = POLL) -> float:
+    wait_until(check, timeout, what, interval=interval)
     return time.monotonic()
 
 
@@ -195,6 +219,7 @@ def measure(cluster: LocalCluster, moto: MotoServer, root: Path, n: int,
                                root / f"operator-{n}.log",
                                kubeconfig=cluster.root / "operator.kubeconfig").start()
     trainer_operator = TrainingOperator(client, namespace).start()
+    runs = PhaseWatch(client, namespace)
     try:
         wait_until(lambda: urllib.request.urlopen(
             f"http://127.0.0.1:{operator.health_port}/healthz", timeout=2).status == 200,
@@ -208,19 +233,19 @@ def measure(cluster: LocalCluster, moto: MotoServer, root: Path, n: int,
             client.create(MultiTurnRLRun.from_dict(run_manifest(f"run-{i}", subnet, group)),
                           namespace=namespace)
         t_created = time.monotonic()
-        t_running = _until(lambda: _phases(client, namespace)["Running"] == n, timeout,
+        t_running = _until(lambda: runs.count("Running") == n, timeout,
                            f"{n} runs Running")
         cpu_to_running = _proc_figures(pid)["cpu_s"]
         t_finish = time.monotonic()
         trainer_operator.finish_all()
-        t_succeeded = _until(lambda: _phases(client, namespace)["Succeeded"] == n, timeout,
+        t_succeeded = _until(lambda: runs.count("Succeeded") == n, timeout,
                              f"{n} runs Succeeded")
         t_clean = _until(lambda: _aws_left() == {"queues": 0, "tasks": 0}
                          and not list(client.list(PyTorchJob, namespace=namespace)), timeout,
-                         "teardown of every run")
+                         "teardown of every run", interval=0.5)
         t_delete = time.monotonic()
         client.deletecollection(MultiTurnRLRun, namespace=namespace)
-        t_gone = _until(lambda: not list(client.list(MultiTurnRLRun, namespace=namespace)),
+        t_gone = _until(lambda: not runs.phases,
                         timeout, f"{n} runs deleted")
         time.sleep(2)  # the audit log's batch writer flushes every second
         metrics_text = urllib.request.urlopen(
@@ -230,6 +255,7 @@ def measure(cluster: LocalCluster, moto: MotoServer, root: Path, n: int,
                        for name, p in _server_pids(cluster, moto).items()}
     finally:
         trainer_operator.stopped.set()
+        runs.stopped.set()
         operator.stop()
         with contextlib.suppress(ApiError):
             client.delete(Namespace, namespace)
