@@ -195,6 +195,10 @@ def _kube_requests(audit: Path, offset: int) -> Counter[str]:
             entry = json.loads(line)
             if entry.get("user", {}).get("username") == OPERATOR_USER:
                 verbs[entry["verb"]] += 1
+                if os.environ.get("SCALE_BENCH_REQUESTS"):  # where each verb goes, by resource
+                    ref = entry.get("objectRef") or {}
+                    print("k8s", entry["verb"], ref.get("resource"), ref.get("subresource", ""),
+                          entry.get("responseStatus", {}).get("code"), file=sys.stderr)
     return verbs
 
 

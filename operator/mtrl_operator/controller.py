@@ -43,7 +43,7 @@ from mtrl_operator.builders import queues as queue_builders
 from mtrl_operator.builders import trainer as trainer_builders
 from mtrl_operator.builders import workers as worker_builders
 from mtrl_operator.builders.env import trainer_env, worker_env
-from mtrl_operator.errors import SpecError
+from mtrl_operator.errors import SpecError, StaleCopy
 from mtrl_operator.naming import (
     ANNOTATION_FORCE_RELEASE,
     FINALIZER,
@@ -252,6 +252,8 @@ class Controller:
         started = time.perf_counter()
         try:
             return await self._reconcile(body)
+        except StaleCopy:
+            return 0.2
         except ApiError as exc:
             if exc.status.code == 409:  # our cached copy was stale; the watch brings a new one
                 return 0.2
@@ -288,8 +290,8 @@ class Controller:
             return None
         if not deleting and FINALIZER not in finalizers:
             # Before anything is created: no resource may exist without the finalizer.
-            await self.kube.set_finalizers(names.namespace, names.name, [*finalizers, FINALIZER],
-                                           meta["resourceVersion"])
+            meta.update(await self.kube.set_finalizers(
+                names.namespace, names.name, [*finalizers, FINALIZER], meta["resourceVersion"]))
             return 0.0
 
         spec, spec_error = self._parse_spec(body)
@@ -510,13 +512,10 @@ class Controller:
 
     async def _remove_finalizer(self, body: dict[str, Any], finalizers: list[str]) -> None:
         meta = body["metadata"]
-        remaining = [f for f in finalizers if f != FINALIZER]
-        try:
-            await self.kube.set_finalizers(meta["namespace"], meta["name"], remaining,
-                                           meta["resourceVersion"])
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
+        new = await self.kube.remove_finalizer(meta["namespace"], meta["name"], finalizers,
+                                               FINALIZER)
+        # Our copy sees its own write: a reconcile before the watch's DELETED must not repeat it.
+        meta.update(new or {"finalizers": [f for f in finalizers if f != FINALIZER]})
 
     # ------------------------------------------------------------------ sweeper
 

@@ -1,4 +1,4 @@
-"""Errors that end a run instead of being retried."""
+"""Errors that end a run instead of being retried, and one that only means 'look again'."""
 
 from __future__ import annotations
 
@@ -17,3 +17,8 @@ class SpecError(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class StaleCopy(Exception):
+    """A write conditioned on our cached copy found the object changed since; the watch brings
+    the new version, and the reconcile runs again."""

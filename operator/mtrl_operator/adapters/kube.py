@@ -17,7 +17,7 @@ from lightkube.types import CascadeType, PatchType
 from mtrl_operator import metrics
 from mtrl_operator.adapters import crashpoints
 from mtrl_operator.api import API_VERSION, GROUP, VERSION
-from mtrl_operator.errors import SpecError
+from mtrl_operator.errors import SpecError, StaleCopy
 
 log = logging.getLogger("mtrl.kube")
 FIELD_MANAGER = "mtrl-operator"
@@ -91,11 +91,34 @@ class Kube:
                                 namespace=namespace, patch_type=PatchType.MERGE)
 
     async def set_finalizers(self, namespace: str, name: str, finalizers: list[str],
-                             resource_version: str) -> None:
-        """Optimistic: a stale resourceVersion fails with 409 and the reconcile runs again."""
-        await self.client.patch(MultiTurnRLRun, name, {"metadata": {
+                             resource_version: str, resource: Any = None) -> dict[str, Any]:
+        """Optimistic: a stale resourceVersion fails with 409 and the reconcile runs again.
+        Returns the new metadata, so the caller's cached copy sees its own write at once (a
+        reconcile before the watch's echo would otherwise repeat it and get a 409)."""
+        obj = await self.client.patch(resource or MultiTurnRLRun, name, {"metadata": {
             "finalizers": finalizers, "resourceVersion": resource_version}},
             namespace=namespace, patch_type=PatchType.MERGE)
+        return dict(obj.to_dict()["metadata"])
+
+    async def remove_finalizer(self, namespace: str, name: str, finalizers: list[str],
+                               finalizer: str) -> dict[str, Any] | None:
+        """Remove `finalizer` from a run whose finalizers are still `finalizers`. The condition
+        is a JSON-patch test of that list, not the resourceVersion, which our own status writes
+        move on: a teardown must not wait for their echo. Returns the new metadata, None when
+        the run is gone; raises StaleCopy when the list changed meanwhile."""
+        try:
+            obj = await self.client.patch(MultiTurnRLRun, name, [
+                {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
+                {"op": "replace", "path": "/metadata/finalizers",
+                 "value": [f for f in finalizers if f != finalizer]},
+            ], namespace=namespace, patch_type=PatchType.JSON)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            if exc.status.code == 422:  # the test failed: someone changed the list
+                raise StaleCopy(f"finalizers of {namespace}/{name}") from exc
+            raise
+        return dict(obj.to_dict()["metadata"])
 
     async def delete_run(self, namespace: str, name: str, uid: str) -> None:
         try:

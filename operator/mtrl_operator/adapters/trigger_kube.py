@@ -31,11 +31,8 @@ class TriggerKube:
 
     async def set_finalizers(self, namespace: str, name: str, finalizers: list[str],
                              resource_version: str) -> dict[str, Any]:
-        """Optimistic (a stale resourceVersion fails with 409); returns the new metadata."""
-        obj = await self.client.patch(MultiTurnRLTrigger, name, {"metadata": {
-            "finalizers": finalizers, "resourceVersion": resource_version}},
-            namespace=namespace, patch_type=PatchType.MERGE)
-        return dict(obj.to_dict()["metadata"])
+        return await self.kube.set_finalizers(namespace, name, finalizers, resource_version,
+                                              MultiTurnRLTrigger)
 
     async def create_run(self, manifest: dict[str, Any]) -> bool:
         """True when created; False when a run of that name exists (the object's run)."""
