@@ -91,11 +91,11 @@ class Kube:
                                 namespace=namespace, patch_type=PatchType.MERGE)
 
     async def set_finalizers(self, namespace: str, name: str, finalizers: list[str],
-                             resource_version: str, resource: Any = None) -> dict[str, Any]:
+                             resource_version: str, resource: Any = MultiTurnRLRun) -> dict[str, Any]:
         """Optimistic: a stale resourceVersion fails with 409 and the reconcile runs again.
         Returns the new metadata, so the caller's cached copy sees its own write at once (a
         reconcile before the watch's echo would otherwise repeat it and get a 409)."""
-        obj = await self.client.patch(resource or MultiTurnRLRun, name, {"metadata": {
+        obj = await self.client.patch(resource, name, {"metadata": {
             "finalizers": finalizers, "resourceVersion": resource_version}},
             namespace=namespace, patch_type=PatchType.MERGE)
         return dict(obj.to_dict()["metadata"])
