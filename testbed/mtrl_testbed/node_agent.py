@@ -7,8 +7,9 @@ demo run the real trainer and workers. What it does, and where it differs from a
   interfaces), so the scheduler's placement (affinity, resources, tolerations) is real.
 - Runs each container's `command + args` as a process; the image is ignored. `python`,
   `python3` and `mtrl` resolve to this Python's environment.
-- Gives each pod its own loopback address (127.x.y.z) as its pod IP, so pods can bind the
-  same port and readiness probes (httpGet, tcpSocket) are real.
+- Gives each pod its own loopback address as its pod IP, from a 127.N.0.0/16 range that no
+  other agent on the machine holds, so pods can bind the same port and readiness probes
+  (httpGet, tcpSocket) are real.
 - Materialises ConfigMap, Secret, emptyDir and projected volumes under the pod's directory and
   rewrites mount paths found in env values and arguments to that directory.
 - Replaces in-cluster credentials with a kubeconfig holding a token for the pod's
@@ -24,6 +25,7 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
+import fcntl
 import itertools
 import json
 import logging
@@ -31,7 +33,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,8 +56,27 @@ NODE_LABELS = {"node.kubernetes.io/instance-type": "ml.p5.48xlarge",
                "sagemaker.amazonaws.com/compute-type": "hyperpod",
                "topology.kubernetes.io/zone": "us-west-2a",
                "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
-_IP_POOL = (f"127.{a}.{b}.{c}" for a, b, c in itertools.product(range(10, 250), range(256),
-                                                                    range(2, 255)))
+IP_RANGE_LOCKS = Path(os.environ.get("MTRL_IP_RANGE_LOCKS", "/tmp/mtrl-testbed-ip-ranges"))
+
+
+def claim_ip_range() -> tuple[int, int]:
+    """A loopback /16 (127.N.0.0) no other node agent on this machine holds, and the open file
+    whose lock holds it until this process exits: two test beds side by side (CI next to a
+    developer's demo) would otherwise give pods the same address and port."""
+    IP_RANGE_LOCKS.mkdir(parents=True, exist_ok=True)
+    for octet in range(10, 250):
+        fd = os.open(IP_RANGE_LOCKS / f"127.{octet}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return octet, fd
+    raise RuntimeError(f"every loopback range 127.10-249.x.x is held (locks in {IP_RANGE_LOCKS})")
+
+
+def ip_pool(octet: int) -> Iterator[str]:
+    return (f"127.{octet}.{b}.{c}" for b, c in itertools.product(range(256), range(2, 255)))
 
 
 async def _through_restarts(call: Callable[[], Awaitable[Any]], within: float = 120) -> Any:
@@ -111,6 +132,8 @@ class NodeAgent:
         self.node_names = [f"hyperpod-p5-{i}" for i in range(nodes)]
         self.work_dir = work_dir
         self.pods: dict[str, PodProcess] = {}
+        octet, self._ip_range_lock = claim_ip_range()
+        self.ips = ip_pool(octet)
 
     # ------------------------------------------------------------------ nodes
 
@@ -174,7 +197,7 @@ class NodeAgent:
             return
         if state is None and (pod.status is None or pod.status.phase in (None, "Pending")):
             state = PodProcess(uid=uid, namespace=pod.metadata.namespace, name=pod.metadata.name,
-                               ip=next(_IP_POOL),
+                               ip=next(self.ips),
                                root=self.work_dir / f"{pod.metadata.namespace}_{pod.metadata.name}_{uid[:8]}")
             self.pods[uid] = state
             state.task = asyncio.create_task(self._run_pod(state, pod))
