@@ -9,7 +9,8 @@ demo run the real trainer and workers. What it does, and where it differs from a
   `python3` and `mtrl` resolve to this Python's environment.
 - Gives each pod its own loopback address as its pod IP, from a 127.N.0.0/16 range that no
   other agent on the machine holds, so pods can bind the same port and readiness probes
-  (httpGet, tcpSocket) are real.
+  (httpGet, tcpSocket) are real. A Python process's wildcard bind (0.0.0.0) becomes a bind to
+  its pod IP (`podnet/sitecustomize.py`), as in a pod's own network namespace.
 - Materialises ConfigMap, Secret, emptyDir and projected volumes under the pod's directory and
   rewrites mount paths found in env values and arguments to that directory.
 - Replaces in-cluster credentials with a kubeconfig holding a token for the pod's
@@ -56,6 +57,7 @@ NODE_LABELS = {"node.kubernetes.io/instance-type": "ml.p5.48xlarge",
                "sagemaker.amazonaws.com/compute-type": "hyperpod",
                "topology.kubernetes.io/zone": "us-west-2a",
                "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+POD_NETWORK = Path(__file__).resolve().parent / "podnet"
 IP_RANGE_LOCKS = Path(os.environ.get("MTRL_IP_RANGE_LOCKS", "/tmp/mtrl-testbed-ip-ranges"))
 
 
@@ -363,7 +365,11 @@ class NodeAgent:
     async def _base_env(self, pod: Pod, state: PodProcess) -> dict[str, str]:
         env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
                "HOME": str(state.root), "HOSTNAME": pod.metadata.name,
-               "PYTHONUNBUFFERED": "1", "MTRL_POD_IP": state.ip}
+               "PYTHONUNBUFFERED": "1", "MTRL_POD_IP": state.ip,
+               # The pod's own network namespace (see podnet/sitecustomize.py), then the
+               # agent's own import path, so pods run the code under test.
+               "PYTHONPATH": os.pathsep.join(p for p in (str(POD_NETWORK),
+                                                         os.environ.get("PYTHONPATH")) if p)}
         extra = self.work_dir.parent / "pod-env.json"
         if extra.exists():
             env.update(json.loads(extra.read_text()))
