@@ -103,6 +103,11 @@ class Controller:
         self.polls: dict[Key, tuple[Any, int]] = {}  # last poll's outcome, polls in a row
         self.queue: WorkQueue | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # No reconcile before every child watch has listed once: a new leader whose cache
+        # has not seen a run's trainer yet would take it for gone (and, deleting the run,
+        # release its finalizer while the trainer still runs).
+        self._unsynced: set[tuple[str, str]] = set()
+        self.caches_synced = asyncio.Event()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -115,6 +120,7 @@ class Controller:
                                     (ConfigMap, "progress")):
             labels = {**selector, LABEL_COMPONENT: component}
             for ns in self.settings.list_scopes:
+                self._unsynced.add((resource.__name__, ns))
                 self._tasks.append(asyncio.create_task(
                     self._watch_children(resource, labels, ns)))
         if self.settings.sweep_interval_seconds > 0:
@@ -216,6 +222,12 @@ class Controller:
             return self.trainers.get(uid, {}).get((kind, meta["name"]))
         return (self.deployments if kind == "Deployment" else self.progress).get(uid)
 
+    def _synced(self, kind: str, namespace: str) -> None:
+        self._unsynced.discard((kind, namespace))
+        if not self._unsynced and not self.caches_synced.is_set():
+            log.info("child caches listed; reconciling")
+            self.caches_synced.set()
+
     async def _watch_children(self, resource: Any, labels: dict[str, str], namespace: str) -> None:
         """List, then watch from the list's version, as an informer does. A watch that was cut
         resumes from scratch with a new list: the events of the gap are lost for good, and a
@@ -228,6 +240,7 @@ class Controller:
                 objs, version = await self.kube.list_with_version(resource, labels, namespace)
                 absent_for = 0.0
                 self.on_children_listed(kind, namespace, [_dump(obj) for obj in objs])
+                self._synced(kind, namespace)
                 async for event, obj in self.kube.watch(resource, labels=labels,
                                                         namespace=namespace,
                                                         resource_version=version):
@@ -236,6 +249,7 @@ class Controller:
                 raise
             except Exception as exc:  # a cut stream or a version too old (410): list again
                 if _http_status(exc) == 404:  # e.g. no PyTorchJob CRD (yet) in this cluster
+                    self._synced(kind, namespace)  # nothing of a kind not served can exist
                     absent_for = min(60.0, max(5.0, 2 * absent_for))
                     log.info("%s is not served here; looking again in %.0fs", kind, absent_for)
                     await asyncio.sleep(absent_for)
@@ -246,6 +260,7 @@ class Controller:
     # ------------------------------------------------------------------ reconcile
 
     async def reconcile(self, key: Key) -> float | None:
+        await self.caches_synced.wait()
         body = self.runs.get(key)
         if body is None:
             return None

@@ -7,7 +7,7 @@ from typing import Any
 
 import kopf
 
-from mtrl_operator.adapters import crashpoints
+from mtrl_operator.adapters import mutations
 from mtrl_operator.adapters.aws import Aws
 from mtrl_operator.adapters.kube import Kube
 from mtrl_operator.adapters.trigger_aws import TriggerAws
@@ -39,7 +39,7 @@ async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 30
     settings.posting.level = logging.WARNING
     settings.persistence.finalizer = f"{GROUP}/kopf"  # never added: no kopf change handlers
-    crashpoints.arm(ours.crash_after_step)
+    mutations.arm_failpoint(ours.crash_after_step or None)
     controller = Controller(ours, Kube(), Aws(ours.region))
     controller.start()
     STATE.controller = controller

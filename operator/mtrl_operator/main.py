@@ -1,14 +1,32 @@
-"""`mtrl operator`: run the operator (kopf) with metrics and a liveness endpoint."""
+"""`mtrl operator`: run the operator (kopf) with metrics, a health endpoint and, unless turned
+off, leader election.
+
+With leader election, a replica stands by until it holds the Lease and only then starts kopf,
+so nothing it does (kopf's handlers, the controllers' own watches, work queues, sweepers and
+trigger consumers, all started in kopf's startup handler) runs on a standby. Every mutation is
+fenced on the Lease (`adapters/mutations.py`), and a leader that loses it exits at once, as
+client-go's and controller-runtime's managers do; its restart stands by.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import signal
+import sys
 
 import kopf
+from aiohttp import web
+from lightkube import AsyncClient
 from prometheus_client import start_http_server
 
-from mtrl_operator import handlers, logs
+from mtrl_operator import handlers, logs, metrics
+from mtrl_operator.adapters import mutations
+from mtrl_operator.adapters.kube import FIELD_MANAGER
+from mtrl_operator.adapters.lease import KubeLease
+from mtrl_operator.leader import LeaderElector
 from mtrl_operator.settings import Settings
 
 log = logging.getLogger("mtrl.operator")
@@ -21,12 +39,80 @@ def main(argv: list[str] | None = None) -> int:
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
     log.info("starting mtrl operator %s", settings)
-    asyncio.run(kopf.operator(
-        clusterwide=not settings.namespaces,
-        namespaces=settings.namespaces,
-        standalone=not settings.peering,
-        peering_name=settings.peering or None,
-        liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz"
-        if settings.health_port else None,
-    ))
-    return 0
+    return asyncio.run(serve(settings))
+
+
+def _elector(settings: Settings) -> LeaderElector:
+    namespace, name = settings.lease
+    store = KubeLease(AsyncClient(field_manager=FIELD_MANAGER), name, namespace)
+    return LeaderElector(store, settings.new_identity(),
+                         lease_duration=settings.lease_duration_seconds,
+                         renew_deadline=settings.renew_deadline_seconds,
+                         retry_period=settings.retry_period_seconds)
+
+
+async def _health_server(port: int, elector: LeaderElector | None) -> web.AppRunner:
+    """/healthz answers while the event loop runs, leader or standby: a standby is healthy
+    and ready (controller-runtime's convention), so a rollout never waits on the election."""
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({
+            "status": "ok", "leader": elector.holding() if elector else True,
+            "lease_holder": elector.leader if elector else None})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "0.0.0.0", port).start()
+    return runner
+
+
+async def _stand_by(elector: LeaderElector) -> bool:
+    """Wait for the Lease; False when SIGTERM or SIGINT came first."""
+    loop = asyncio.get_running_loop()
+    stopped = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopped.set)
+    acquire = asyncio.create_task(elector.acquire())
+    stop = asyncio.create_task(stopped.wait())
+    try:
+        await asyncio.wait({acquire, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):  # kopf installs its own from here on
+            loop.remove_signal_handler(sig)
+        for task in (acquire, stop):
+            task.cancel()
+    return not stopped.is_set()
+
+
+async def serve(settings: Settings) -> int:
+    elector = _elector(settings) if settings.leader_elect else None
+    health = await _health_server(settings.health_port, elector) if settings.health_port else None
+    try:
+        if elector is not None:
+            if not await _stand_by(elector):
+                return 0
+            mutations.fence(elector.holding)
+            metrics.LEADER.set(1)
+        operator = asyncio.create_task(kopf.operator(
+            clusterwide=not settings.namespaces, namespaces=settings.namespaces,
+            standalone=True))
+        if elector is None:
+            await operator
+            return 0
+        lost = asyncio.create_task(elector.hold())
+        await asyncio.wait({operator, lost}, return_when=asyncio.FIRST_COMPLETED)
+        if lost.done():
+            log.error("leadership lost; exiting so that no two replicas act at once")
+            sys.stderr.flush()
+            os._exit(1)
+        lost.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await lost
+        await elector.release()
+        metrics.LEADER.set(0)
+        operator.result()
+        return 0
+    finally:
+        if health is not None:
+            await health.cleanup()

@@ -16,3 +16,5 @@ CLOUD_ERRORS = Counter("mtrl_cloud_api_errors_total", "AWS API errors by operati
 RESOURCES_CREATED = Counter("mtrl_resources_created_total", "Resources created", ["kind"])
 RESOURCES_DELETED = Counter("mtrl_resources_deleted_total", "Resources deleted", ["kind"])
 SWEPT = Counter("mtrl_swept_resources_total", "Orphaned cloud resources deleted by the sweeper")
+# controller-runtime exports the same as leader_election_master_status.
+LEADER = Gauge("mtrl_leader", "1 while this replica holds the leader-election Lease")

@@ -1,52 +1,84 @@
 """Operator configuration: environment variables, each overridable by a command-line flag.
 
-| variable | default | meaning |
-|---|---|---|
-| MTRL_OPERATOR_ID | default | written into every AWS tag; the sweeper only touches its own |
-| MTRL_NAMESPACES | (all) | comma-separated namespaces to watch, globs allowed (`team-*`) |
-| AWS_REGION | us-west-2 | region of queues and ECS tasks |
-| MTRL_ECS_CLUSTER | default | ECS cluster when a run names none |
-| MTRL_ECS_SUBNETS | | comma-separated default subnets for Fargate tasks |
-| MTRL_ECS_SECURITY_GROUPS | | comma-separated default security groups |
-| MTRL_ECS_EXECUTION_ROLE_ARN | | default task execution role |
-| MTRL_SWEEP_INTERVAL_SECONDS | 300 | orphan sweeper period; 0 turns it off |
-| MTRL_RESYNC_SECONDS | 30 | how often a live run is looked at without any event (ECS has no watch) |
-| MTRL_WORKERS | 8 | runs reconciled at once |
-| MTRL_METRICS_PORT | 8080 | Prometheus /metrics; 0 turns it off |
-| MTRL_HEALTH_PORT | 8081 | liveness probe /healthz; 0 turns it off |
-| MTRL_PEERING | | kopf peering name for active/standby replicas; empty runs standalone |
-| MTRL_LOG_FORMAT | json | json or plain |
-| MTRL_CRASH_AFTER_STEP | | test hook: exit abruptly after this many cloud/API mutations |
+Every setting is one field below: its variable is `MTRL_` + the field name in capitals
+(`AWS_REGION` for the region), its flag `--` + the field name with dashes, and its help text
+is what `mtrl operator --help` prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
+import uuid
 from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError(f"expected true or false, not {value!r}")
+    return lowered in ("true", "1", "yes")
+
+
+def _doc(help: str, env: str | None = None, hidden: bool = False) -> dict[str, Any]:
+    return {"help": help, "env": env, "hidden": hidden}
+
+
 @dataclass(frozen=True)
 class Settings:
-    operator_id: str = "default"
-    namespaces: list[str] = field(default_factory=list)
-    region: str = "us-west-2"
-    ecs_cluster: str = "default"
-    ecs_subnets: list[str] = field(default_factory=list)
-    ecs_security_groups: list[str] = field(default_factory=list)
-    ecs_execution_role_arn: str = ""
-    sweep_interval_seconds: float = 300.0
-    resync_seconds: float = 30.0
-    workers: int = 8
-    metrics_port: int = 8080
-    health_port: int = 8081
-    peering: str = ""
-    log_format: str = "json"
-    crash_after_step: int | None = None
+    operator_id: str = field(default="default", metadata=_doc(
+        "written into every AWS tag; the sweeper only touches resources tagged with its own id"))
+    namespaces: list[str] = field(default_factory=list, metadata=_doc(
+        "comma-separated namespaces to watch, globs allowed (team-*); empty: the whole cluster"))
+    region: str = field(default="us-west-2", metadata=_doc(
+        "region of queues and ECS tasks", env="AWS_REGION"))
+    ecs_cluster: str = field(default="default", metadata=_doc(
+        "ECS cluster of runs that name none"))
+    ecs_subnets: list[str] = field(default_factory=list, metadata=_doc(
+        "comma-separated default subnets of Fargate tasks"))
+    ecs_security_groups: list[str] = field(default_factory=list, metadata=_doc(
+        "comma-separated default security groups of Fargate tasks"))
+    ecs_execution_role_arn: str = field(default="", metadata=_doc(
+        "default ECS task execution role"))
+    sweep_interval_seconds: float = field(default=300.0, metadata=_doc(
+        "orphan sweeper period; 0 turns it off"))
+    resync_seconds: float = field(default=30.0, metadata=_doc(
+        "how often a live run is looked at without any event (ECS has no watch)"))
+    workers: int = field(default=8, metadata=_doc("runs reconciled at once"))
+    metrics_port: int = field(default=8080, metadata=_doc(
+        "Prometheus /metrics port; 0 turns it off"))
+    health_port: int = field(default=8081, metadata=_doc(
+        "/healthz port (liveness and readiness); 0 turns it off"))
+    log_format: str = field(default="json", metadata=_doc("json or plain"))
+    leader_elect: bool = field(default=True, metadata=_doc(
+        "active/standby: act only while holding the Lease; false for a single replica that "
+        "never competes"))
+    lease_name: str = field(default="", metadata=_doc(
+        "the Lease's name; default mtrl-operator-<operator id>, so operators with different "
+        "ids do not compete"))
+    lease_namespace: str = field(default="", metadata=_doc(
+        "the Lease's namespace; default the pod's own namespace, else 'default'"))
+    lease_duration_seconds: float = field(default=15.0, metadata=_doc(
+        "how long a standby waits after the leader's last renewal before taking over"))
+    renew_deadline_seconds: float = field(default=10.0, metadata=_doc(
+        "a leader that could not renew for this long stops acting (below the duration)"))
+    retry_period_seconds: float = field(default=2.0, metadata=_doc(
+        "how often the leader renews and a standby tries to take over"))
+    pod_name: str = field(default="", metadata=_doc(
+        "this replica's name in the Lease (default the host name); a random suffix keeps it "
+        "unique"))
+    crash_after_step: str = field(default="", metadata=_doc(
+        "test failpoint: exit abruptly after the k-th mutating call, or after the first whose "
+        "description contains the text", hidden=True))
 
     @property
     def list_scopes(self) -> list[str]:
@@ -56,43 +88,61 @@ class Settings:
             return ["*"]
         return list(self.namespaces)
 
+    @property
+    def lease(self) -> tuple[str, str]:
+        """(namespace, name) of the leader-election Lease."""
+        namespace = self.lease_namespace or (
+            SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+            if SERVICE_ACCOUNT_NAMESPACE.exists() else "default")
+        return namespace, self.lease_name or f"mtrl-operator-{self.operator_id}"
+
+    def new_identity(self) -> str:
+        """A Lease holder name unique per process, as client-go's `<hostname>_<uuid>`: two
+        processes on one host (or a restarted pod of the same name) must never both believe
+        they hold the Lease."""
+        return f"{self.pod_name or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+    @staticmethod
+    def variable(name: str) -> str:
+        env = Settings.__dataclass_fields__[name].metadata["env"]
+        return env or f"MTRL_{name.upper()}"
+
+    @classmethod
+    def _convert(cls, name: str, raw: str) -> Any:
+        kind = type(getattr(cls(), name))
+        if kind is list:
+            return _csv(raw)
+        if kind is bool:
+            return _bool(raw)
+        return kind(raw)
+
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
         env = dict(os.environ if environ is None else environ)
-        get = env.get
-        crash = get("MTRL_CRASH_AFTER_STEP")
-        return cls(
-            operator_id=get("MTRL_OPERATOR_ID", "default"),
-            namespaces=_csv(get("MTRL_NAMESPACES", "")),
-            region=get("AWS_REGION") or get("AWS_DEFAULT_REGION") or "us-west-2",
-            ecs_cluster=get("MTRL_ECS_CLUSTER", "default"),
-            ecs_subnets=_csv(get("MTRL_ECS_SUBNETS", "")),
-            ecs_security_groups=_csv(get("MTRL_ECS_SECURITY_GROUPS", "")),
-            ecs_execution_role_arn=get("MTRL_ECS_EXECUTION_ROLE_ARN", ""),
-            sweep_interval_seconds=float(get("MTRL_SWEEP_INTERVAL_SECONDS", "300")),
-            resync_seconds=float(get("MTRL_RESYNC_SECONDS", "30")),
-            workers=int(get("MTRL_WORKERS", "8")),
-            metrics_port=int(get("MTRL_METRICS_PORT", "8080")),
-            health_port=int(get("MTRL_HEALTH_PORT", "8081")),
-            peering=get("MTRL_PEERING", ""),
-            log_format=get("MTRL_LOG_FORMAT", "json"),
-            crash_after_step=int(crash) if crash else None,
-        )
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(cls.variable(f.name))
+            if f.name == "region" and not raw:
+                raw = env.get("AWS_DEFAULT_REGION")
+            if raw is not None and raw != "":
+                values[f.name] = cls._convert(f.name, raw)
+        return cls(**values)
 
     @classmethod
     def parse(cls, argv: list[str] | None) -> Settings:
         """Environment first, then flags (`--ecs-subnets a,b`) on top."""
         base = cls.from_env()
-        parser = argparse.ArgumentParser(prog="mtrl operator", description="Run the operator.")
+        parser = argparse.ArgumentParser(
+            prog="mtrl operator", description="Run the operator. Each flag overrides the "
+            "environment variable named after it.")
         for f in fields(cls):
-            parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, default=None)
+            meta = f.metadata
+            parser.add_argument(
+                f"--{f.name.replace('_', '-')}", dest=f.name, default=None,
+                metavar=cls.variable(f.name),
+                help=argparse.SUPPRESS if meta["hidden"] else
+                f"{meta['help']} (default: {getattr(base, f.name)!r})")
         args = parser.parse_args(argv or [])
-        overrides = {}
-        for f in fields(cls):
-            raw = getattr(args, f.name)
-            if raw is None:
-                continue
-            current = getattr(base, f.name)
-            overrides[f.name] = (_csv(raw) if isinstance(current, list) else
-                                 type(current)(raw) if current is not None else int(raw))
+        overrides = {f.name: cls._convert(f.name, raw) for f in fields(cls)
+                     if (raw := getattr(args, f.name)) is not None}
         return cls(**{**base.__dict__, **overrides})

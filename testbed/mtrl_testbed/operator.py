@@ -12,11 +12,15 @@ from pathlib import Path
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.ports import free_port
 
-# Fast loops for tests: resync and sweep in seconds, not minutes.
+# Fast loops for tests: resync and sweep in seconds, not minutes; a standby (or the operator
+# a test starts after killing one) takes over an abandoned Lease within seconds.
 TEST_DEFAULTS = {
     "MTRL_RESYNC_SECONDS": "3",
     "MTRL_SWEEP_INTERVAL_SECONDS": "3",
     "MTRL_LOG_FORMAT": "json",
+    "MTRL_LEASE_DURATION_SECONDS": "3",
+    "MTRL_RENEW_DEADLINE_SECONDS": "2",
+    "MTRL_RETRY_PERIOD_SECONDS": "0.5",
 }
 
 

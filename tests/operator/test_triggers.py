@@ -366,8 +366,7 @@ def test_a_crash_after_creating_a_run_creates_no_second_one(
            "MTRL_SWEEP_INTERVAL_SECONDS": "0"}
     bucket = new_bucket()
     apply(cluster, namespace, trigger_manifest("crashy", bucket))
-    # Mutations in order: the dead-letter queue, the queue, the bucket entry, the run.
-    first = operator_factory(MTRL_CRASH_AFTER_STEP="4", **env)
+    first = operator_factory(MTRL_CRASH_AFTER_STEP="create MultiTurnRLRun", **env)
     second = None
     try:
         queue_url = wait_reason(cluster, namespace, "crashy")["status"]["queueUrl"]

@@ -19,7 +19,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from mtrl_operator import metrics
-from mtrl_operator.adapters import crashpoints
+from mtrl_operator.adapters.mutations import guard_aws_client
 from mtrl_operator.builders.queues import DLQ, WORK_QUEUES, QueueRequest
 from mtrl_operator.errors import SPEC_ERROR_CODES, SpecError
 from mtrl_operator.naming import QUEUE_ROLES, RunNames
@@ -74,6 +74,7 @@ def client(session: boto3.session.Session, service: str) -> Any:
     """A client with the operator's retry settings whose every HTTP request is counted."""
     made = session.client(service, config=RETRY_CONFIG)
     made.meta.events.register("before-send", _count_request)
+    guard_aws_client(made)
     return made
 
 
@@ -140,7 +141,6 @@ class Aws:
     async def _create_queue(self, req: QueueRequest) -> str:
         resp = await self._call(self.sqs, "create_queue", QueueName=req.name,
                                 Attributes=req.attributes, tags=req.tags)
-        crashpoints.step(f"create_queue {req.name}")
         metrics.RESOURCES_CREATED.labels(kind="queue").inc()
         return resp["QueueUrl"]
 
@@ -179,7 +179,6 @@ class Aws:
         except ClientError as exc:
             if exc.response["Error"].get("Code") not in QUEUE_GONE:
                 raise
-        crashpoints.step(f"delete_queue {url}")
         metrics.RESOURCES_DELETED.labels(kind="queue").inc()
 
     # ------------------------------------------------------------------ ECS
@@ -200,7 +199,6 @@ class Aws:
         if active:
             return active[0]
         resp = await self._call(self.ecs, "register_task_definition", **body)
-        crashpoints.step(f"register_task_definition {names.task_family}")
         metrics.RESOURCES_CREATED.labels(kind="task-definition").inc()
         return resp["taskDefinition"]["taskDefinitionArn"]
 
@@ -208,7 +206,6 @@ class Aws:
         active = await self.active_task_definitions(names)
         for arn in active:
             await self._call(self.ecs, "deregister_task_definition", taskDefinition=arn)
-            crashpoints.step(f"deregister_task_definition {arn}")
             metrics.RESOURCES_DELETED.labels(kind="task-definition").inc()
         return len(active)
 
@@ -242,7 +239,6 @@ class Aws:
         started = []
         for req in requests:
             resp = await self._call(self.ecs, "run_task", **req)
-            crashpoints.step(f"run_task {req['clientToken']}")
             metrics.RESOURCES_CREATED.labels(kind="task").inc(len(resp.get("tasks", [])))
             started += [t["taskArn"] for t in resp.get("tasks", [])]
             if resp.get("failures"):
@@ -253,7 +249,6 @@ class Aws:
         for arn in arns:
             await self._call(self.ecs, "stop_task", cluster=cluster, task=arn,
                              reason="mtrl: run finished, suspended or deleted")
-            crashpoints.step(f"stop_task {arn}")
             metrics.RESOURCES_DELETED.labels(kind="task").inc()
 
     # ------------------------------------------------------------------ sweeping

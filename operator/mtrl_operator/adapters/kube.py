@@ -15,7 +15,7 @@ from lightkube.resources.core_v1 import Event as CoreEvent
 from lightkube.types import CascadeType, PatchType
 
 from mtrl_operator import metrics
-from mtrl_operator.adapters import crashpoints
+from mtrl_operator.adapters.mutations import mutating
 from mtrl_operator.api import API_VERSION, GROUP, VERSION
 from mtrl_operator.errors import SpecError, StaleCopy
 
@@ -54,6 +54,7 @@ class Kube:
     def __init__(self, client: AsyncClient | None = None) -> None:
         self.client = client or AsyncClient(field_manager=FIELD_MANAGER)
 
+    @mutating("create {manifest[kind]} {manifest[metadata][name]}")
     async def create(self, manifest: dict[str, Any]) -> bool:
         """Create unless it exists; True when this call created it."""
         obj = codecs.from_dict(manifest)
@@ -66,10 +67,10 @@ class Kube:
                 raise SpecError("InvalidChildObject", f"{manifest['kind']} "
                                 f"{manifest['metadata']['name']}: {exc.status.message}") from exc
             raise
-        crashpoints.step(f"create {manifest['kind']} {manifest['metadata']['name']}")
         metrics.RESOURCES_CREATED.labels(kind=manifest["kind"]).inc()
         return True
 
+    @mutating("delete {resource.__name__} {namespace}/{name}")
     async def delete(self, resource: Any, name: str, namespace: str) -> None:
         """Delete in the background (children follow); a missing object is already deleted."""
         try:
@@ -79,17 +80,18 @@ class Kube:
             if exc.status.code != 404:
                 raise
             return
-        crashpoints.step(f"delete {resource.__name__} {name}")
         metrics.RESOURCES_DELETED.labels(kind=resource.__name__).inc()
 
     async def delete_collection(self, resource: Any, namespace: str, labels: dict[str, str]) -> None:
         async for obj in self.client.list(resource, namespace=namespace, labels=labels):
             await self.delete(resource, obj.metadata.name, namespace)
 
+    @mutating("patch the status of {namespace}/{name}")
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         await self.client.patch(MultiTurnRLRun.Status, name, {"status": status},
                                 namespace=namespace, patch_type=PatchType.MERGE)
 
+    @mutating("set the finalizers of {namespace}/{name}")
     async def set_finalizers(self, namespace: str, name: str, finalizers: list[str],
                              resource_version: str, resource: Any = MultiTurnRLRun) -> dict[str, Any]:
         """Optimistic: a stale resourceVersion fails with 409 and the reconcile runs again.
@@ -100,6 +102,7 @@ class Kube:
             namespace=namespace, patch_type=PatchType.MERGE)
         return dict(obj.to_dict()["metadata"])
 
+    @mutating("remove {finalizer} from {namespace}/{name}")
     async def remove_finalizer(self, namespace: str, name: str, finalizers: list[str],
                                finalizer: str) -> dict[str, Any] | None:
         """Remove `finalizer` from a run whose finalizers are still `finalizers`. The condition
@@ -120,6 +123,7 @@ class Kube:
             raise
         return dict(obj.to_dict()["metadata"])
 
+    @mutating("delete MultiTurnRLRun {namespace}/{name}")
     async def delete_run(self, namespace: str, name: str, uid: str) -> None:
         try:
             await self.client.delete(MultiTurnRLRun, name, namespace=namespace)
@@ -137,6 +141,7 @@ class Kube:
                 uids.add(obj.metadata.uid)
         return uids
 
+    @mutating("post the event {reason}", step=False)
     async def event(self, body: dict[str, Any], type_: str, reason: str, message: str,
                     kind: str = "MultiTurnRLRun") -> None:
         """An Event about `body`, an object of our API group; best effort."""

@@ -17,7 +17,6 @@ import boto3
 from botocore.exceptions import ClientError
 
 from mtrl_operator import metrics
-from mtrl_operator.adapters import crashpoints
 from mtrl_operator.adapters.aws import QUEUE_GONE, call, client, tagged_resources
 from mtrl_operator.api.trigger import S3Source
 from mtrl_operator.builders.queues import QueueRequest
@@ -71,7 +70,6 @@ class TriggerAws:
             return url
         resp = await call(self.sqs, "create_queue", QueueName=req.name,
                           Attributes=req.attributes, tags=req.tags)
-        crashpoints.step(f"create_queue {req.name}")
         metrics.RESOURCES_CREATED.labels(kind="queue").inc()
         return str(resp["QueueUrl"])
 
@@ -100,7 +98,6 @@ class TriggerAws:
             if _code(exc) in QUEUE_GONE:
                 return False
             raise
-        crashpoints.step(f"delete_queue {url}")
         metrics.RESOURCES_DELETED.labels(kind="queue").inc()
         return True
 
@@ -133,7 +130,6 @@ class TriggerAws:
             await call(self.s3, "put_bucket_notification_configuration",
                        Bucket=source.bucket,
                        NotificationConfiguration=build.with_queue_configuration(current, entry))
-        crashpoints.step(f"put_bucket_notification_configuration {source.bucket}")
         return True
 
     async def remove_notification(self, bucket: str, entry_id: str) -> bool:
@@ -150,7 +146,6 @@ class TriggerAws:
             await call(self.s3, "put_bucket_notification_configuration", Bucket=bucket,
                        NotificationConfiguration=build.without_queue_configuration(
                            current, entry_id))
-        crashpoints.step(f"put_bucket_notification_configuration {bucket} (removed {entry_id})")
         return True
 
     # ------------------------------------------------------------------ sweeping

@@ -9,6 +9,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import PatchType
 
 from mtrl_operator.adapters.kube import Kube, MultiTurnRLRun
+from mtrl_operator.adapters.mutations import mutating
 from mtrl_operator.api import GROUP, VERSION
 
 MultiTurnRLTrigger = create_namespaced_resource(GROUP, VERSION, "MultiTurnRLTrigger",
@@ -20,6 +21,7 @@ class TriggerKube:
         self.kube = kube
         self.client = kube.client
 
+    @mutating("patch the status of trigger {namespace}/{name}")
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """A merge patch; a trigger deleted meanwhile has no status to keep."""
         try:

@@ -1,0 +1,64 @@
+"""The leader-election Lease in the API server (`coordination.k8s.io/v1`)."""
+
+from __future__ import annotations
+
+from lightkube import AsyncClient
+from lightkube.core.exceptions import ApiError
+from lightkube.models.coordination_v1 import LeaseSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.coordination_v1 import Lease
+
+from mtrl_operator.leader import LeaseConflict, LeaseRecord
+from mtrl_operator.naming import LABEL_MANAGED_BY, MANAGED_BY
+
+
+class KubeLease:
+    """One Lease, read and written with optimistic concurrency."""
+
+    def __init__(self, client: AsyncClient, name: str, namespace: str) -> None:
+        self.client = client
+        self.name = name
+        self.namespace = namespace
+
+    async def read(self) -> tuple[LeaseRecord, str] | None:
+        try:
+            lease = await self.client.get(Lease, self.name, namespace=self.namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+        spec = lease.spec or LeaseSpec()
+        record = LeaseRecord(holder=spec.holderIdentity or "",
+                             duration_seconds=spec.leaseDurationSeconds or 0,
+                             acquire_time=spec.acquireTime, renew_time=spec.renewTime,
+                             transitions=spec.leaseTransitions or 0)
+        assert lease.metadata is not None and lease.metadata.resourceVersion is not None
+        return record, lease.metadata.resourceVersion
+
+    def _lease(self, record: LeaseRecord, resource_version: str | None) -> Lease:
+        return Lease(
+            metadata=ObjectMeta(name=self.name, namespace=self.namespace,
+                                resourceVersion=resource_version,
+                                labels={LABEL_MANAGED_BY: MANAGED_BY}),
+            spec=LeaseSpec(holderIdentity=record.holder,
+                           leaseDurationSeconds=record.duration_seconds,
+                           acquireTime=record.acquire_time, renewTime=record.renew_time,
+                           leaseTransitions=record.transitions))
+
+    async def create(self, record: LeaseRecord) -> str:
+        try:
+            lease = await self.client.create(self._lease(record, None))
+        except ApiError as exc:
+            if exc.status.code == 409:  # another candidate created it first
+                raise LeaseConflict(self.name) from exc
+            raise
+        return str(lease.metadata.resourceVersion if lease.metadata else "")
+
+    async def write(self, record: LeaseRecord, resource_version: str) -> str:
+        try:
+            lease = await self.client.replace(self._lease(record, resource_version))
+        except ApiError as exc:
+            if exc.status.code == 409:
+                raise LeaseConflict(self.name) from exc
+            raise
+        return str(lease.metadata.resourceVersion if lease.metadata else "")
