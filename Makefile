@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv with the distribution (editable) and the `mtrl` console script
 
-tools: ## build kube-apiserver, controller-manager, scheduler, kubectl, etcd and helm (cached)
+tools: ## build kube-apiserver, controller-manager, scheduler, kubectl, etcd, helm and luacheck (cached)
 	bash hack/build-tools.sh
+	bash hack/build-luacheck.sh
 
 crds: install ## regenerate crds/ from the API models
 	$(BIN)/mtrl crds

@@ -1,7 +1,9 @@
 -- Argo CD health check for mtrl.dev/v1alpha1 MultiTurnRLRun.
 --
 -- Argo CD evaluates this with the live object as `obj` and reads `status` and `message` from
--- the table it returns. Written for Lua 5.1, the dialect of Argo CD's embedded gopher-lua.
+-- the table it returns. Written for Lua 5.1, the dialect of Argo CD's embedded gopher-lua, and
+-- for the libraries Argo CD opens for an argocd-cm script: base (tostring, ipairs ...), table,
+-- package and an os with time and date only. No string, math or io: `string.format` fails there.
 -- argocd-cm-patch.yaml embeds this file verbatim; tests/argocd keeps the two identical.
 
 -- Argo CD has one "Progressing" for every phase in which the run is still on its way.
@@ -39,8 +41,8 @@ local function assess(run)
   local generation = run.metadata and run.metadata.generation
   local observed = status.observedGeneration
   if generation ~= nil and observed ~= nil and observed < generation then
-    return { status = "Progressing", message = string.format(
-      "Waiting for the operator to observe generation %d (last observed %d)", generation, observed) }
+    return { status = "Progressing", message = "Waiting for the operator to observe generation "
+      .. tostring(generation) .. " (last observed " .. tostring(observed) .. ")" }
   end
   local phase = status.phase
   if ON_ITS_WAY[phase] then

@@ -1,7 +1,9 @@
 -- Argo CD health check for mtrl.dev/v1alpha1 MultiTurnRLTrigger.
 --
 -- Argo CD evaluates this with the live object as `obj` and reads `status` and `message` from
--- the table it returns. Written for Lua 5.1, the dialect of Argo CD's embedded gopher-lua.
+-- the table it returns. Written for Lua 5.1, the dialect of Argo CD's embedded gopher-lua, and
+-- for the libraries Argo CD opens for an argocd-cm script: base (tostring, ipairs ...), table,
+-- package and an os with time and date only. No string, math or io: `string.format` fails there.
 -- argocd-cm-patch.yaml embeds this file verbatim; tests/argocd keeps the two identical.
 --
 -- A trigger is healthy while it consumes its queue (condition Ready=True). Its runs have
@@ -50,8 +52,8 @@ local function assess(trigger)
   end
   -- Until the operator has acted on the latest spec, the status describes an older one.
   if generation ~= nil and observed < generation then
-    return { status = "Progressing", message = string.format(
-      "Waiting for the operator to observe generation %d (last observed %d)", generation, observed) }
+    return { status = "Progressing", message = "Waiting for the operator to observe generation "
+      .. tostring(generation) .. " (last observed " .. tostring(observed) .. ")" }
   end
   local ready = find_condition(status, "Ready")
   if trigger.spec ~= nil and trigger.spec.suspend == true then

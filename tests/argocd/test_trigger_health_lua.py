@@ -1,5 +1,5 @@
-"""The Argo CD health check for MultiTurnRLTrigger, over statuses the operator's own decision
-function (`triggers.decide.observe`) writes."""
+"""The Argo CD health check for MultiTurnRLTrigger, run as Argo CD runs it (tests/argocd/luacheck.py),
+over statuses the operator's own decision function (`triggers.decide.observe`) writes."""
 
 from __future__ import annotations
 
@@ -12,11 +12,8 @@ from mtrl_operator.api.run import Phase
 from mtrl_operator.api.trigger import MultiTurnRLTriggerSpec, MultiTurnRLTriggerStatus
 from mtrl_operator.triggers import decide
 from mtrl_operator.triggers.decide import QueueState, RunView
-from tests.argocd.test_health_lua import ARGOCD, health
+from tests.argocd.luacheck import ArgoCD
 
-pytest.importorskip("lupa")
-
-SCRIPT = ARGOCD / "health-multiturnrltrigger.lua"
 NOW = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 QUEUE = QueueState("http://sqs/123456789012/q", "arn:aws:sqs:us-west-2:123456789012:q", None)
 SPEC: dict[str, Any] = {
@@ -26,6 +23,7 @@ SPEC: dict[str, Any] = {
                              "output": {"s3Uri": "s3://out/wordle"}}}}
 TWO_ACTIVE = [RunView("a", Phase.RUNNING, NOW), RunView("b", Phase.PENDING, NOW),
               RunView("c", Phase.FAILED, NOW)]
+AWS_ERROR = ("AwsError", "PutBucketNotificationConfiguration: AccessDenied: no")
 
 
 def trigger(queue: QueueState | None = QUEUE, problem: tuple[str, str] | None = None,
@@ -44,34 +42,48 @@ def trigger(queue: QueueState | None = QUEUE, problem: tuple[str, str] | None = 
     return obj
 
 
-@pytest.mark.parametrize(("obj", "expected"), [
-    (trigger(observed=None), ("Progressing", "Waiting for the operator")),
-    (trigger(queue=None), ("Progressing", "Provisioning: setting up the queue and the bucket's "
-                                          "notification")),
-    (trigger(runs=TWO_ACTIVE), ("Healthy", "Watching: watching s3://my-rl-data/incoming/*.jsonl; "
-                                           "2 active runs")),
-    (trigger(runs=TWO_ACTIVE[:1]), ("Healthy", "Watching: watching s3://my-rl-data/incoming/"
-                                               "*.jsonl; 1 active run")),
-    (trigger(), ("Healthy", "Watching: watching s3://my-rl-data/incoming/*.jsonl; 0 active runs")),
-    (trigger(suspend=True), ("Suspended", "Suspended: notifications wait in the queue until "
-                                          "spec.suspend is false")),
-    (trigger(problem=("AwsError", "PutBucketNotificationConfiguration: AccessDenied: no")),
-     ("Degraded", "AwsError: PutBucketNotificationConfiguration: AccessDenied: no")),
-    (trigger(generation=3, observed=2),
-     ("Progressing", "Waiting for the operator to observe generation 3 (last observed 2)")),
-], ids=["no-status", "provisioning", "watching", "one-run", "idle", "suspended", "aws-error",
-        "stale"])
-def test_trigger_health(obj: dict[str, Any], expected: tuple[str, str]) -> None:
-    assert health(obj, SCRIPT) == expected
+# Every Ready state decide.observe writes (problem, provisioning, suspended, watching), and none.
+STATES: dict[str, tuple[dict[str, Any], tuple[str, str]]] = {
+    "no-status": (trigger(observed=None), ("Progressing", "Waiting for the operator")),
+    "provisioning": (trigger(queue=None), ("Progressing", "Provisioning: setting up the queue and the "
+                                                          "bucket's notification")),
+    "watching": (trigger(runs=TWO_ACTIVE), ("Healthy", "Watching: watching s3://my-rl-data/"
+                                                       "incoming/*.jsonl; 2 active runs")),
+    "one-run": (trigger(runs=TWO_ACTIVE[:1]), ("Healthy", "Watching: watching s3://my-rl-data/"
+                                                          "incoming/*.jsonl; 1 active run")),
+    "idle": (trigger(), ("Healthy", "Watching: watching s3://my-rl-data/incoming/*.jsonl; "
+                                    "0 active runs")),
+    "suspended": (trigger(suspend=True), ("Suspended", "Suspended: notifications wait in the queue "
+                                                       "until spec.suspend is false")),
+    "suspended-aws-error": (trigger(suspend=True, problem=AWS_ERROR),
+                            ("Suspended", "Suspended: PutBucketNotificationConfiguration: "
+                                          "AccessDenied: no")),
+    "aws-error": (trigger(problem=AWS_ERROR),
+                  ("Degraded", "AwsError: PutBucketNotificationConfiguration: AccessDenied: no")),
+}
 
 
-def test_suspend_set_before_the_operator_saw_it_waits() -> None:
+@pytest.mark.parametrize("state", list(STATES))
+def test_trigger_health(argocd: ArgoCD, state: str) -> None:
+    obj, expected = STATES[state]
+    assert argocd.health(obj) == expected
+
+
+@pytest.mark.parametrize("state", [s for s in STATES if s != "no-status"])
+def test_stale_observed_generation_is_progressing(argocd: ArgoCD, state: str) -> None:
+    obj = STATES[state][0]
+    stale = {**obj, "metadata": {**obj["metadata"], "generation": obj["status"]["observedGeneration"] + 2}}
+    assert argocd.health(stale) == ("Progressing",
+                                    "Waiting for the operator to observe generation 3 (last observed 1)")
+
+
+def test_suspend_set_before_the_operator_saw_it_waits(argocd: ArgoCD) -> None:
     obj = trigger(suspend=False, generation=2, observed=1)
     obj["spec"]["suspend"] = True
-    assert health(obj, SCRIPT)[0] == "Progressing"
+    assert argocd.health(obj)[0] == "Progressing"
 
 
-def test_an_empty_status_waits_for_the_operator() -> None:
+def test_an_empty_status_waits_for_the_operator(argocd: ArgoCD) -> None:
     obj = trigger(observed=None)
     obj["status"] = {}
-    assert health(obj, SCRIPT) == ("Progressing", "Waiting for the operator")
+    assert argocd.health(obj) == ("Progressing", "Waiting for the operator")
