@@ -27,13 +27,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import boto3
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.resources.batch_v1 import Job
 
 from mtrl_operator.adapters.kube import MultiTurnRLRun
 from mtrl_operator.naming import RunNames
+from mtrl_testbed import census
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.moto import MotoServer
 from mtrl_testbed.operator import OperatorProcess
@@ -74,7 +74,6 @@ def _complete(job: Job) -> bool:
 
 def measure(client: Client, subnet: str, group: str, index: int) -> dict[str, float]:
     name = f"bench-{index}"
-    sqs, ecs = boto3.client("sqs"), boto3.client("ecs")
     t_apply = time.monotonic()
     run = client.create(MultiTurnRLRun.from_dict(_run(name, subnet, group)))
     names = RunNames("default", name, run.metadata.uid)
@@ -92,14 +91,7 @@ def measure(client: Client, subnet: str, group: str, index: int) -> dict[str, fl
     t_done = _until(lambda: (j := job()) is not None and _complete(j))
     t_job_gone = _until(lambda: job() is None)
 
-    def nothing_left() -> bool:
-        return (not sqs.list_queues(QueueNamePrefix=names.aws_prefix).get("QueueUrls")
-                and not ecs.list_tasks(cluster="default", startedBy=names.started_by,
-                                       desiredStatus="RUNNING")["taskArns"]
-                and not ecs.list_task_definitions(familyPrefix=names.task_family,
-                                                  status="ACTIVE")["taskDefinitionArns"])
-
-    t_clean = _until(nothing_left)
+    t_clean = _until(lambda: not census.run_aws(names))
     status = client.get(MultiTurnRLRun, name, namespace="default").status
     conditions = {c["type"]: c for c in status.get("conditions", [])}
     ready_at = datetime.fromisoformat(conditions["WorkersReady"]["lastTransitionTime"])

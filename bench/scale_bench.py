@@ -37,7 +37,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import boto3
 import httpx2
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
@@ -46,6 +45,7 @@ from lightkube.resources.core_v1 import Namespace
 from lightkube.types import PatchType
 
 from mtrl_operator.adapters.kube import MultiTurnRLRun, PyTorchJob
+from mtrl_testbed import census
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.moto import MotoServer
 from mtrl_testbed.operator import OperatorProcess
@@ -148,14 +148,6 @@ class PhaseWatch:
         return sum(p == phase for p in self.phases.values())
 
 
-def _aws_left() -> dict[str, int]:
-    sqs, ecs = boto3.client("sqs"), boto3.client("ecs")
-    queues = sqs.list_queues(QueueNamePrefix="mtrl-", MaxResults=1000).get("QueueUrls", [])
-    running = sum(len(page["taskArns"]) for page in ecs.get_paginator("list_tasks").paginate(
-        cluster="default", desiredStatus="RUNNING"))
-    return {"queues": len(queues), "tasks": running}
-
-
 def memory_mib(pid: int, field: str) -> float:
     """A memory figure of /proc/<pid>/status (VmRSS: resident now; VmHWM: its peak)."""
     status = Path(f"/proc/{pid}/status").read_text()
@@ -244,7 +236,7 @@ def measure(cluster: LocalCluster, moto: MotoServer, root: Path, n: int,
         trainer_operator.finish_all()
         t_succeeded = _until(lambda: runs.count("Succeeded") == n, timeout,
                              f"{n} runs Succeeded")
-        t_clean = _until(lambda: _aws_left() == {"queues": 0, "tasks": 0}
+        t_clean = _until(lambda: not census.all_aws()
                          and not list(client.list(PyTorchJob, namespace=namespace)), timeout,
                          "teardown of every run", interval=0.5)
         t_delete = time.monotonic()

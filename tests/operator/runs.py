@@ -8,9 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import boto3
-
 from mtrl_operator.naming import RunNames
+from mtrl_testbed import census
 from mtrl_testbed.cluster import LocalCluster
 
 SUCCEED = ["python", "-c", "import time; time.sleep(1)"]
@@ -76,37 +75,16 @@ def names_of(run: dict[str, Any], operator_id: str = "shared") -> RunNames:
     return RunNames(meta["namespace"], meta["name"], meta["uid"], operator_id)
 
 
-def aws_leftovers(names: RunNames, cluster: str = "default") -> dict[str, list[str]]:
-    """Everything in AWS that still belongs to the run: queues, live tasks, active
-    task definitions, and anything else carrying its UID tag."""
-    sqs, ecs = boto3.client("sqs"), boto3.client("ecs")
-    tagging = boto3.client("resourcegroupstaggingapi")
-    queues = sqs.list_queues(QueueNamePrefix=names.aws_prefix).get("QueueUrls", [])
-    try:
-        tasks = ecs.list_tasks(cluster=cluster, startedBy=names.started_by,
-                               desiredStatus="RUNNING").get("taskArns", [])
-    except ecs.exceptions.ClusterNotFoundException:  # no ECS cluster: no tasks
-        tasks = []
-    definitions = [a for a in ecs.list_task_definitions(
-        familyPrefix=names.task_family, status="ACTIVE").get("taskDefinitionArns", [])]
-    tagged = [r["ResourceARN"] for r in tagging.get_resources(
-        TagFilters=[{"Key": "mtrl.dev/run-uid", "Values": [names.uid]}],
-        ResourceTypeFilters=["sqs"]).get("ResourceTagMappingList", [])]
-    return {k: v for k, v in {"queues": queues, "tasks": tasks, "task_definitions": definitions,
-                              "tagged_queues": tagged}.items() if v}
+def aws_leftovers(names: RunNames) -> dict[str, list[str]]:
+    """Everything in AWS that still belongs to the run (`mtrl_testbed.census`)."""
+    return census.run_aws(names)
 
 
-def k8s_leftovers(cluster: LocalCluster, namespace: str, uid: str) -> dict[str, list[str]]:
-    out = {}
-    for kind in ("jobs", "deployments", "pods", "services"):
-        items = json.loads(cluster.kubectl("get", kind, "-n", namespace, "-l",
-                                           f"mtrl.dev/run-uid={uid}", "-o", "json").stdout)
-        names = [i["metadata"]["name"] for i in items["items"]
-                 if not (kind == "pods" and i["status"].get("phase") in ("Succeeded", "Failed")
-                         and i["metadata"].get("deletionTimestamp"))]
-        if names:
-            out[kind] = names
-    return out
+def k8s_leftovers(cluster: LocalCluster, namespace: str, uid: str,
+                  kinds: tuple[str, ...] = census.COMPUTE) -> dict[str, list[str]]:
+    """The run's objects still in the cluster: by default those that cost money, which go
+    when the run finishes; `census.KINDS` once the run itself is deleted."""
+    return census.run_k8s(cluster, namespace, uid, kinds)
 
 
 def wait_clean(cluster: LocalCluster, names: RunNames, timeout: float = 60) -> None:
