@@ -34,7 +34,7 @@ AWS_ENV='[{"name":"AWS_ENDPOINT_URL","value":"'"$ENDPOINT"'"},{"name":"AWS_ACCES
 
 helm upgrade --install mtrl-operator charts/mtrl-operator -n mtrl-system --wait --timeout 300s \
   --set image.repository=mtrl-operator --set image.tag="$TAG" --set image.pullPolicy=Never \
-  --set replicas=1 --set-json "operator.extraEnv=$AWS_ENV"
+  --set-json "operator.extraEnv=$AWS_ENV"
 
 # The run's output bucket, made with the worker image's boto3.
 kubectl -n default run make-bucket --rm -i --restart=Never --image="mtrl-worker:$TAG" \

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -129,10 +130,14 @@ class LeaderElector:
         return True
 
     async def _attempt(self) -> bool:
-        """One try, bounded by the retry period (client-go bounds it by the renew deadline
-        for a leader; the shorter bound leaves room for another try before the deadline)."""
+        """One try. As in client-go, a try may take until the renew deadline: a leader's until
+        its own deadline (a slow API server or a starved process is not a lost lease yet), a
+        candidate's a whole deadline."""
+        left = self.renew_deadline
+        if self._renewed_at is not None:
+            left -= self.clock() - self._renewed_at
         try:
-            async with asyncio.timeout(self.retry_period):
+            async with asyncio.timeout(max(left, 0.001)):
                 return await self.try_acquire_or_renew()
         except asyncio.CancelledError:
             raise
@@ -177,3 +182,60 @@ class LeaderElector:
                                                renew_time=now,
                                                transitions=found[0].transitions), found[1])
             log.info("released the lease")
+
+
+class ElectionThread:
+    """An elector on a thread and event loop of its own, as client-go renews in a goroutine of
+    its own: hundreds of reconciles, or a slow start on a loaded machine, must not delay a
+    renewal on the operator's loop until the lease is lost.
+
+    `make_elector` runs on that thread (its API client belongs to that loop); `on_lost` too,
+    the moment leadership is lost."""
+
+    def __init__(self, make_elector: Callable[[], LeaderElector],
+                 on_lost: Callable[[], None]) -> None:
+        self._make = make_elector
+        self._on_lost = on_lost
+        self._elector: LeaderElector | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()),
+                                        name="leader-election", daemon=True)
+        self._acquired: asyncio.Future[None] | None = None
+
+    @property
+    def leader(self) -> str | None:
+        return self._elector.leader if self._elector else None
+
+    def holding(self) -> bool:
+        return self._elector is not None and self._elector.holding()
+
+    async def acquire(self) -> None:
+        """Start the thread; return once it holds the lease."""
+        self._acquired = asyncio.get_running_loop().create_future()
+        self._thread.start()
+        await self._acquired
+
+    async def _main(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        self._elector = elector = self._make()
+        await elector.acquire()
+        acquired = self._acquired
+        assert acquired is not None
+        acquired.get_loop().call_soon_threadsafe(
+            lambda: acquired.done() or acquired.set_result(None))
+        hold = asyncio.create_task(elector.hold())
+        stop = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({hold, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if hold.done():
+            self._on_lost()
+            return
+        hold.cancel()
+        await elector.release()
+
+    async def release(self) -> None:
+        """Stop renewing and give the lease up; wait (a retry period at most) for the thread."""
+        if self._loop is None or self._stop is None or self._elector is None:
+            return
+        self._loop.call_soon_threadsafe(self._stop.set)
+        await asyncio.to_thread(self._thread.join, self._elector.retry_period)

@@ -11,7 +11,6 @@ client-go's and controller-runtime's managers do; its restart stands by.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -26,7 +25,7 @@ from mtrl_operator import handlers, logs, metrics
 from mtrl_operator.adapters import mutations
 from mtrl_operator.adapters.kube import FIELD_MANAGER
 from mtrl_operator.adapters.lease import KubeLease
-from mtrl_operator.leader import LeaderElector
+from mtrl_operator.leader import ElectionThread, LeaderElector
 from mtrl_operator.settings import Settings
 
 log = logging.getLogger("mtrl.operator")
@@ -42,16 +41,25 @@ def main(argv: list[str] | None = None) -> int:
     return asyncio.run(serve(settings))
 
 
-def _elector(settings: Settings) -> LeaderElector:
+def _election(settings: Settings) -> ElectionThread:
     namespace, name = settings.lease
-    store = KubeLease(AsyncClient(field_manager=FIELD_MANAGER), name, namespace)
-    return LeaderElector(store, settings.new_identity(),
-                         lease_duration=settings.lease_duration_seconds,
-                         renew_deadline=settings.renew_deadline_seconds,
-                         retry_period=settings.retry_period_seconds)
+    identity = settings.new_identity()
+
+    def elector() -> LeaderElector:  # on the election thread: the client belongs to its loop
+        store = KubeLease(AsyncClient(field_manager=FIELD_MANAGER), name, namespace)
+        return LeaderElector(store, identity, lease_duration=settings.lease_duration_seconds,
+                             renew_deadline=settings.renew_deadline_seconds,
+                             retry_period=settings.retry_period_seconds)
+
+    def lost() -> None:
+        log.error("leadership lost; exiting so that no two replicas act at once")
+        sys.stderr.flush()
+        os._exit(1)
+
+    return ElectionThread(elector, lost)
 
 
-async def _health_server(port: int, elector: LeaderElector | None) -> web.AppRunner:
+async def _health_server(port: int, elector: ElectionThread | None) -> web.AppRunner:
     """/healthz answers while the event loop runs, leader or standby: a standby is healthy
     and ready (controller-runtime's convention), so a rollout never waits on the election."""
     async def healthz(_: web.Request) -> web.Response:
@@ -67,7 +75,7 @@ async def _health_server(port: int, elector: LeaderElector | None) -> web.AppRun
     return runner
 
 
-async def _stand_by(elector: LeaderElector) -> bool:
+async def _stand_by(elector: ElectionThread) -> bool:
     """Wait for the Lease; False when SIGTERM or SIGINT came first."""
     loop = asyncio.get_running_loop()
     stopped = asyncio.Event()
@@ -86,7 +94,7 @@ async def _stand_by(elector: LeaderElector) -> bool:
 
 
 async def serve(settings: Settings) -> int:
-    elector = _elector(settings) if settings.leader_elect else None
+    elector = _election(settings) if settings.leader_elect else None
     health = await _health_server(settings.health_port, elector) if settings.health_port else None
     try:
         if elector is not None:
@@ -94,24 +102,12 @@ async def serve(settings: Settings) -> int:
                 return 0
             mutations.fence(elector.holding)
             metrics.LEADER.set(1)
-        operator = asyncio.create_task(kopf.operator(
-            clusterwide=not settings.namespaces, namespaces=settings.namespaces,
-            standalone=True))
-        if elector is None:
-            await operator
-            return 0
-        lost = asyncio.create_task(elector.hold())
-        await asyncio.wait({operator, lost}, return_when=asyncio.FIRST_COMPLETED)
-        if lost.done():
-            log.error("leadership lost; exiting so that no two replicas act at once")
-            sys.stderr.flush()
-            os._exit(1)
-        lost.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await lost
-        await elector.release()
-        metrics.LEADER.set(0)
-        operator.result()
+        # A lost Lease ends the process from the election thread, whatever kopf is doing.
+        await kopf.operator(clusterwide=not settings.namespaces, namespaces=settings.namespaces,
+                            standalone=True)
+        if elector is not None:
+            await elector.release()
+            metrics.LEADER.set(0)
         return 0
     finally:
         if health is not None:

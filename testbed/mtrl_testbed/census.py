@@ -62,12 +62,14 @@ def _live_tasks(started_by: str | None = None) -> list[str]:
     return tasks
 
 
-def _tagged(key: str, value: str) -> list[str]:
+def _tagged_queues(key: str, value: str) -> list[str]:
+    """Queues by tag, whatever their name. (Tasks and task definitions are found by status
+    above: the tagging API also lists stopped tasks and inactive definitions, which cost
+    nothing.)"""
     tagging = boto3.client("resourcegroupstaggingapi")
     return [r["ResourceARN"] for r in _pages(
         tagging, "get_resources", "ResourceTagMappingList",
-        TagFilters=[{"Key": key, "Values": [value]}],
-        ResourceTypeFilters=["sqs", "ecs:task", "ecs:task-definition"])]
+        TagFilters=[{"Key": key, "Values": [value]}], ResourceTypeFilters=["sqs"])]
 
 
 def _nonempty(found: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -81,7 +83,7 @@ def run_aws(names: RunNames) -> dict[str, list[str]]:
         "queues": _queues(names.aws_prefix),
         "tasks": _live_tasks(names.started_by),
         "task_definitions": _task_definitions(lambda family: family == names.task_family),
-        "tagged": _tagged("mtrl.dev/run-uid", names.uid),
+        "tagged_queues": _tagged_queues("mtrl.dev/run-uid", names.uid),
     })
 
 
@@ -94,7 +96,7 @@ def all_aws(operator_id: str | None = None) -> dict[str, list[str]]:
         "task_definitions": _task_definitions(lambda family: family.startswith(QUEUE_PREFIX)),
     }
     if operator_id:
-        found["tagged"] = _tagged("mtrl.dev/operator-id", operator_id)
+        found["tagged_queues"] = _tagged_queues("mtrl.dev/operator-id", operator_id)
     return _nonempty(found)
 
 

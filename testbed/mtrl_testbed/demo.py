@@ -26,9 +26,8 @@ from mtrl_testbed.moto import MotoServer
 EXAMPLE = REPO_ROOT / "manifests" / "examples" / "tiny-cpu.yaml"
 CHART = REPO_ROOT / "charts" / "mtrl-operator"
 TIMEOUT_S = 900
-# The operator pod shares this machine's loopback with the workers' health servers.
-CHART_VALUES = ['replicas=1', 'metrics={"port":19090}', 'health={"port":19091}',
-                'operator={"resyncSeconds":5,"sweepIntervalSeconds":60}']
+# The chart's defaults (two replicas, one leading), with faster loops for a short demo.
+CHART_VALUES = ['operator={"resyncSeconds":5,"sweepIntervalSeconds":60}']
 
 
 def _terminal_plot(rewards: dict[int, float], height: int = 8) -> str:

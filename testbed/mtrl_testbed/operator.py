@@ -13,14 +13,16 @@ from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.ports import free_port
 
 # Fast loops for tests: resync and sweep in seconds, not minutes; a standby (or the operator
-# a test starts after killing one) takes over an abandoned Lease within seconds.
+# a test starts after killing one) takes over an abandoned Lease in 8 s, not 15. The renew
+# deadline stays generous: on a loaded 2-core machine a starved leader must not lose its Lease
+# (and exit) while it is merely slow.
 TEST_DEFAULTS = {
     "MTRL_RESYNC_SECONDS": "3",
     "MTRL_SWEEP_INTERVAL_SECONDS": "3",
     "MTRL_LOG_FORMAT": "json",
-    "MTRL_LEASE_DURATION_SECONDS": "3",
-    "MTRL_RENEW_DEADLINE_SECONDS": "2",
-    "MTRL_RETRY_PERIOD_SECONDS": "0.5",
+    "MTRL_LEASE_DURATION_SECONDS": "8",
+    "MTRL_RENEW_DEADLINE_SECONDS": "6",
+    "MTRL_RETRY_PERIOD_SECONDS": "1",
 }
 
 

@@ -4,12 +4,20 @@ test_active_standby.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import time
 from dataclasses import dataclass, field
 
 import pytest
 
-from mtrl_operator.leader import LeaderElector, LeaseConflict, LeaseRecord, next_record
+from mtrl_operator.leader import (
+    ElectionThread,
+    LeaderElector,
+    LeaseConflict,
+    LeaseRecord,
+    next_record,
+)
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -143,3 +151,34 @@ async def test_release_hands_over_without_waiting_for_the_duration() -> None:
 def test_settings_that_would_let_two_leaders_overlap_are_refused() -> None:
     with pytest.raises(ValueError, match="renew deadline"):
         LeaderElector(MemoryLease(), "a", lease_duration=10, renew_deadline=10, retry_period=2)
+
+
+class SlowLease(MemoryLease):
+    async def read(self) -> tuple[LeaseRecord, str] | None:
+        await asyncio.sleep(0.3)  # a loaded API server, or a starved process
+        return await super().read()
+
+
+async def test_a_slow_api_server_is_not_a_lost_lease() -> None:
+    """A try may take until the renew deadline, not only a retry period (client-go's bound)."""
+    store = SlowLease()
+    elector = LeaderElector(store, "a", lease_duration=3, renew_deadline=2, retry_period=0.1)
+    await asyncio.wait_for(elector.acquire(), 5)
+    assert elector.holding()
+    assert await elector._attempt()
+
+
+async def test_the_election_thread_holds_and_releases_while_the_loop_is_busy() -> None:
+    store = MemoryLease()
+    lost: list[bool] = []
+    thread = ElectionThread(lambda: LeaderElector(store, "a", lease_duration=3,
+                                                  renew_deadline=2, retry_period=0.2),
+                            lambda: lost.append(True))
+    await asyncio.wait_for(thread.acquire(), 5)
+    # The operator's loop is blocked for longer than the lease (a burst of reconciles on a
+    # starved machine): renewals go on, on their own thread.
+    time.sleep(3.5)  # noqa: ASYNC251 (the point: this loop is blocked)
+    assert thread.holding() and not lost
+    assert store.writes.count("a") >= 3
+    await thread.release()
+    assert store.record is not None and store.record.holder == "" and not thread.holding()

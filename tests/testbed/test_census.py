@@ -49,7 +49,7 @@ def test_a_planted_queue_is_found_until_it_is_deleted(names: RunNames) -> None:
     url = sqs.create_queue(QueueName=names.queue("rollout"), tags=_tags(names))["QueueUrl"]
     assert census.run_aws(names)["queues"] == [url]
     assert url in census.all_aws()["queues"]
-    assert census.all_aws(names.operator_id)["tagged"]
+    assert census.all_aws(names.operator_id)["tagged_queues"]
     sqs.delete_queue(QueueUrl=url)
     assert census.run_aws(names) == {}
 
