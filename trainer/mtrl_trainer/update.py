@@ -1,8 +1,12 @@
 """One GRPO optimizer step over this rank's share of the step's rows.
 
-Logprobs are recomputed with the current policy on exactly the sampled token ids; the ratio is
-against the behaviour logprobs the generation service reported. The reference for the KL term
-is the same model with the LoRA adapter disabled (no second copy of the weights in memory).
+Logprobs are recomputed with the current policy on exactly the sampled token ids, and only where
+a token is trained (`logprobs.SequenceLogprobs`); the ratio is against the behaviour logprobs the
+generation service reported. The reference for the KL term is the same model with the LoRA
+adapter disabled (no second copy of the weights in memory).
+
+`model` here is a `SequenceLogprobs` around the peft model, or DistributedDataParallel around
+one.
 """
 
 from __future__ import annotations
@@ -40,17 +44,6 @@ class UpdateStats:
     grad_norm: float
 
 
-def token_logprobs(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
-) -> torch.Tensor:
-    """[B, T]: log p(token t | tokens < t) at `temperature`; position 0 gets 0."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    logits = logits / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    picked = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return torch.nn.functional.pad(picked, (1, 0))
-
-
 def step_loss(
     model: nn.Module,
     rows: Sequence[Row],
@@ -69,13 +62,11 @@ def step_loss(
         part = pad(shard(rows, micro, rank, world_size), pad_token_id, device)
         sync = micro == config.micro_batches - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():
-            logprobs = token_logprobs(model, part.input_ids, part.attention_mask,
-                                      config.temperature)
+            logprobs = model(part.input_ids, part.attention_mask, part.mask, config.temperature)
             ref = None
             if config.beta:
-                with torch.no_grad(), causal_lm_peft(model).disable_adapter():
-                    ref = token_logprobs(model, part.input_ids, part.attention_mask,
-                                         config.temperature)
+                with torch.no_grad(), peft_model(model).disable_adapter():
+                    ref = model(part.input_ids, part.attention_mask, part.mask, config.temperature)
             # Zero every untrained position in all inputs: exp() of a masked difference can
             # overflow, and inf * 0 weight would still be NaN.
             m = part.mask
@@ -97,9 +88,9 @@ def step_loss(
     return loss_sum, clipped_sum, tokens, kl_sum
 
 
-def causal_lm_peft(model: nn.Module) -> nn.Module:
-    """The peft model inside a DDP wrapper (for `disable_adapter`)."""
-    return getattr(model, "module", model)
+def peft_model(model: nn.Module) -> nn.Module:
+    """The peft model inside the DDP and SequenceLogprobs wrappers (for `disable_adapter`)."""
+    return getattr(model, "module", model).policy
 
 
 def train_step(
