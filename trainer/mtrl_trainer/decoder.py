@@ -226,6 +226,12 @@ class FastDecoder:
             if row is not None and row.job is None:
                 self._slots[i] = None
 
+    def reset(self) -> None:
+        """Forget every job and row (after a failure left them in an unknown state)."""
+        self._pending.clear()
+        self._slots = [None] * self.rows
+        self._active.zero_()
+
     # ------------------------------------------------------------------ model pieces
 
     def _masks(self, query_pos: torch.Tensor, span: int) -> dict[int | None, torch.Tensor]:

@@ -39,6 +39,10 @@ class Decoder(Protocol):
         """The weights changed: drop anything cached from the old ones."""
         ...
 
+    def reset(self) -> None:
+        """Forget every job (after a failure)."""
+        ...
+
     def generate(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int],
         params: SamplingParams, *, generator: torch.Generator | None = None,

@@ -51,6 +51,9 @@ class GeneralDecoder:
     def invalidate(self) -> None:
         """Nothing is cached between batches."""
 
+    def reset(self) -> None:
+        self._pending.clear()
+
     def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         p = self.params
         noise = None

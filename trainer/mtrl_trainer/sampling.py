@@ -17,9 +17,10 @@ class Sampled:
     logprobs: list[float]  # log p(token) under softmax(logits / temperature); temperature 1 if greedy
     stopped: bool  # ended with a stop token (kept in token_ids)
     reused_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
+    error: str | None = None  # set when the job could not be sampled
 
 
-@dataclass
+@dataclass(eq=False)  # identity: jobs are tracked in sets
 class Job:
     """One completion to sample. `key` names the episode: a later turn with the same key may
     reuse the keys and values of this one (its prompt extends this prompt and completion)."""
