@@ -98,7 +98,7 @@ def test_loss_ignores_environment_tokens_and_starts_at_ratio_one() -> None:
     result = two_turn_result(p)
     rows = build_rows([result], [1.0], loss_type="dapo", max_completion_length=12,
                       max_sequence_length=512, micro_batches=1)
-    loss, clipped, tokens, _ = step_loss(SequenceLogprobs(p.model), rows, config(),
+    loss, clipped, tokens, *_ = step_loss(SequenceLogprobs(p.model), rows, config(),
                                          pad_token_id=0, device=CPU, backward=False)
     # Ratio 1 everywhere: the dapo loss is -advantage averaged over trained tokens.
     assert loss == pytest.approx(-1.0, abs=1e-4) and clipped == 0

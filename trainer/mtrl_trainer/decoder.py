@@ -164,9 +164,11 @@ class FastDecoder:
         self.params = SamplingParams()
         self.generator: torch.Generator | None = None
         use_compile = self.device.type == "cuda" if compile_step is None else compile_step
+        # Dynamic shapes: one compilation serves every (rows, span) bucket; CUDA graphs are
+        # still recorded per bucket, and replays need no recompilation.
         self._step = (
             torch.compile(self._decode_step, mode="reduce-overhead" if self.device.type == "cuda"
-                          else None, fullgraph=model_type not in MOE_TYPES)
+                          else None, fullgraph=model_type not in MOE_TYPES, dynamic=True)
             if use_compile else self._decode_step
         )
         self._pending: deque[Job] = deque()

@@ -42,6 +42,9 @@ class UpdateStats:
     clip_fraction: float
     kl: float  # mean k3 KL per trained token (0 when beta is 0)
     grad_norm: float
+    # Mean |recomputed - behaviour logprob| per trained token: how far trainer and sampler
+    # disagree before the update (0 in exact arithmetic; bf16 kernels differ).
+    logprob_gap: float = 0.0
 
 
 def step_loss(
@@ -56,8 +59,8 @@ def step_loss(
     backward: bool = True,
 ) -> tuple[float, float, float, float]:
     """Forward (and backward) every micro-batch of this rank. Returns the local sums of loss,
-    clipped tokens, trained tokens and KL."""
-    loss_sum = clipped_sum = tokens = kl_sum = 0.0
+    clipped tokens, trained tokens, |logprob - behaviour logprob| and KL."""
+    loss_sum = clipped_sum = tokens = gap_sum = kl_sum = 0.0
     for micro in range(config.micro_batches):
         part = pad(shard(rows, micro, rank, world_size), pad_token_id, device)
         sync = micro == config.micro_batches - 1 or not hasattr(model, "no_sync")
@@ -82,10 +85,11 @@ def step_loss(
         loss_sum += float(weighted.detach())
         clipped_sum += float((clipped.float() * m).sum())
         tokens += float(m.sum())
+        gap_sum += float(((logprobs.detach() - part.old_logprobs).abs() * m).sum())
         if ref is not None:
             delta = (ref - logprobs.detach()) * m
             kl_sum += float(((torch.exp(delta) - delta - 1) * m).sum())
-    return loss_sum, clipped_sum, tokens, kl_sum
+    return loss_sum, clipped_sum, tokens, gap_sum, kl_sum
 
 
 def peft_model(model: nn.Module) -> nn.Module:
@@ -114,9 +118,10 @@ def train_step(
     totals = torch.tensor(local, dtype=torch.float64)
     if world_size > 1:
         dist.all_reduce(totals)
-    loss, clipped, tokens, kl = totals.tolist()
-    return UpdateStats(loss, int(tokens), clipped / max(tokens, 1.0), kl / max(tokens, 1.0),
-                       grad_norm)
+    loss, clipped, tokens, gap, kl = totals.tolist()
+    per_token = max(tokens, 1.0)
+    return UpdateStats(loss, int(tokens), clipped / per_token, kl / per_token, grad_norm,
+                       gap / per_token)
 
 
 def lora_parameters(model: nn.Module) -> list[nn.Parameter]:
