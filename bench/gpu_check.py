@@ -34,8 +34,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.nn.functional as F
+# The GPU machine has neither: make them unimportable here too, so a dry run elsewhere proves the
+# check needs neither (`find_spec` then reports them missing, as accelerate and transformers ask).
+for _absent in ("pydantic", "boto3"):
+    sys.modules.setdefault(_absent, None)  # type: ignore[arg-type]
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "trainer"))
@@ -356,6 +361,40 @@ def trl_side(shape: dict[str, Any], args: argparse.Namespace, device: torch.devi
     return out
 
 
+def trl_logprob_kernel(shape: dict[str, Any], args: argparse.Namespace, device: torch.device,
+                       dtype: torch.dtype) -> dict[str, Any]:
+    """TRL 1.16 scores completions with its own chunked log-prob function (`add_fused_lm_head`),
+    a Triton kernel on CUDA and torch ops elsewhere: the one part of TRL's step that differs
+    between the GPU (NaN gradients at step 1, GUIDE) and the CPU (finite). Here it runs alone on
+    one micro-batch's positions and the model's own head, against log_softmax, values and
+    gradients."""
+    try:
+        from trl.kernels import ChunkedLogProbFunction
+    except ImportError as exc:
+        return {"skipped": f"trl not importable ({exc})"}
+    head = base_model(shape, device, dtype).get_output_embeddings().weight.detach()
+    gen = torch.Generator(device).manual_seed(0)
+    count = args.completions // args.micro_batches * args.new_tokens
+    hidden = torch.randn(count, head.shape[1], generator=gen, device=device).to(dtype)
+    targets = torch.randint(0, head.shape[0], (count,), generator=gen, device=device)
+    upstream = torch.randn(count, generator=gen, device=device)
+    fused_in = hidden.clone().requires_grad_(True)
+    fused = ChunkedLogProbFunction.apply(fused_in, head, None, targets, 1.0, 32768, None, 1.0,
+                                         ("log_probs",))[0]
+    (fused.float() * upstream).sum().backward()
+    ref_in = hidden.clone().requires_grad_(True)
+    ref = torch.log_softmax((ref_in @ head.T).float(), -1).gather(-1, targets[:, None])[:, 0]
+    (ref * upstream).sum().backward()
+    assert fused_in.grad is not None and ref_in.grad is not None
+    return {
+        "positions": count, "path": "triton" if device.type == "cuda" else "torch",
+        "values_finite": bool(torch.isfinite(fused).all()),
+        "grads_finite": bool(torch.isfinite(fused_in.grad).all()),
+        "max_abs_value_diff": float((fused.float() - ref).abs().max()),
+        "max_abs_grad_diff": float((fused_in.grad.float() - ref_in.grad.float()).abs().max()),
+    }
+
+
 # ---------------------------------------------------------------------- 5. decode bound
 
 def bandwidth_bytes_per_s(device: torch.device, tiny: bool) -> float:
@@ -401,7 +440,7 @@ def fmt(value: Any, spec: str = ",.0f") -> str:
 def markdown(report: dict[str, Any]) -> str:
     c, a = report.get("compiled", {}), report.get("attention", {})
     o, t, b = report.get("ours", {}), report.get("trl", {}), report.get("bound", {})
-    lines = [f"device: {report['device']}, torch {report['torch']}, transformers "
+    lines = [f"> device: {report['device']}, torch {report['torch']}, transformers "
              f"{report['transformers']}, shapes: {report['shape_name']}, "
              f"{report['args']['completions']} completions x {report['args']['new_tokens']} new "
              f"tokens, prompt {report['args']['prompt_tokens']} tokens", "",
@@ -412,7 +451,8 @@ def markdown(report: dict[str, Any]) -> str:
 
     if c:
         row("1", f"compiled = eager decode (bf16, same noise, {c['rows']} rows x "
-            f"{c['new_tokens']} tokens)", f"{fmt(c['passed'])}: {c['rows_equal']}/{c['rows']} rows equal, max "
+            f"{c['new_tokens']} tokens)",
+            f"{fmt(c['passed'])}: {c['rows_equal']}/{c['rows']} rows equal, max "
             f"\\|Δlogprob\\| {c['max_abs_logprob_diff']:.2e} (tol {c['tolerance']})")
         row("1", "compile + first run (s) / eager run (s)",
             f"{c['compile_and_first_run_s']:.1f} / {c['eager_s']:.1f}")
@@ -450,9 +490,16 @@ def markdown(report: dict[str, Any]) -> str:
         row("6", "clip fraction at step 1", f"{o['clip_fraction_step1']:.4f}",
             fmt(t["logs"][0].get("clip_ratio/region_mean"), ".4f") if t.get("logs") else "-")
         row("6", "mean \\|trainer - sampler logprob\\| at step 1", f"{o['logprob_gap_step1']:.2e}")
+    k = report.get("trl_kernel", {})
+    if k and "skipped" not in k:
+        row("4", f"TRL's chunked log-prob kernel ({k['path']}) vs log_softmax, "
+            f"{k['positions']} positions: values / grads finite, max \\|Δ\\| value / grad", "-",
+            f"{fmt(k['values_finite'])} / {fmt(k['grads_finite'])}, "
+            f"{k['max_abs_value_diff']:.1e} / {k['max_abs_grad_diff']:.1e}")
     if "project_imported" in report:
-        lines += ["", "pydantic, boto3, mtrl_operator or mtrl_rollout imported by the project's "
-                  f"side: {', '.join(report['project_imported']) or 'none'}"]
+        lines += ["", "> pydantic and boto3 were unimportable (as on the GPU machine); "
+                  "mtrl_operator / mtrl_rollout imported: "
+                  f"{', '.join(report['project_imported']) or 'none'}"]
     for key in ("skipped", "error"):
         if t.get(key):
             lines += ["", f"TRL: {t[key]}"]
@@ -515,13 +562,15 @@ def main() -> int:
     stage("ours", ours(model, report["compiled"]["decoder"], args, device))
     nominal = H200_NOMINAL_TBPS * 1e12 if device.type == "cuda" and not args.tiny else None
     stage("bound", decode_bound(model, args, bandwidth_bytes_per_s(device, args.tiny), nominal))
-    # What this project's side needed: none of these may be on the GPU machine.
-    report["project_imported"] = sorted(m for m in ("pydantic", "boto3", "mtrl_operator",
-                                                    "mtrl_rollout") if m in sys.modules)
+    # pydantic and boto3 are blocked above; the project's packages that need them must not load.
+    report["project_imported"] = sorted(m for m in ("mtrl_operator", "mtrl_rollout")
+                                        if m in sys.modules)
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
     stage("trl", {"skipped": "--no-trl"} if args.no_trl else trl_side(shape, args, device, dtype))
+    if not args.no_trl:
+        stage("trl_kernel", trl_logprob_kernel(shape, args, device, dtype))
     print(markdown(report))
     return 0
 

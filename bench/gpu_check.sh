@@ -37,9 +37,9 @@ if ! "$PYTHON" -c 'import trl, datasets' 2>/dev/null; then
   fi
 fi
 
-"$PYTHON" -c 'import torch, transformers, peft
-print(f"python {__import__("sys").version.split()[0]}, torch {torch.__version__}, "
-      f"transformers {transformers.__version__}, peft {peft.__version__}")'
+"$PYTHON" -c 'import platform, torch, transformers, peft
+print("python", platform.python_version(), "torch", torch.__version__, "transformers",
+      transformers.__version__, "peft", peft.__version__)'
 status=0
 timeout "$LIMIT_S" "$PYTHON" bench/gpu_check.py --out-dir "$OUT_DIR" "${args[@]}" || status=$?
 if [[ $status -ne 0 ]]; then

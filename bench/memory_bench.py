@@ -51,7 +51,8 @@ def measure(variant: str, vocab: int, tokens: int) -> dict[str, float]:
         (logprobs * where).sum().backward()
 
     step(16)
-    before_kib = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize() // 1024
+    resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    before_kib = resident_pages * resource.getpagesize() // 1024
     started = time.perf_counter()
     step(tokens)
     seconds = time.perf_counter() - started
@@ -76,7 +77,7 @@ def main() -> int:
                  str(vocab)], capture_output=True, text=True, check=True,
                 env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
             results[variant, vocab] = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"one sequence of {args.tokens} tokens, half of them trained, loss forward + backward, "
+    print(f"> one sequence of {args.tokens} tokens, half of them trained, loss forward + backward, "
           "CPU; peak = max resident set during the step minus the resident set before it")
     print()
     print("| vocabulary | full logits: peak MiB | chunked: peak MiB | ratio | full logits: s "

@@ -114,7 +114,7 @@ def main() -> int:
     torch.set_num_threads(1)
     results = {mode: run(mode, args) for mode in ("previous", "continuous")}
     prev, cont = results["previous"], results["continuous"]
-    print(f"{args.episodes} episodes x {args.turns} turns, completions of {args.min_new}-"
+    print(f"> {args.episodes} episodes x {args.turns} turns, completions of {args.min_new}-"
           f"{args.max_new} tokens, {args.env_latency_s * 1000:.0f} ms environment latency per "
           "turn, CPU, 1 thread")
     print()
