@@ -390,7 +390,7 @@ def trl_logprob_kernel(shape: dict[str, Any], args: argparse.Namespace, device: 
         "positions": count, "path": "triton" if device.type == "cuda" else "torch",
         "values_finite": bool(torch.isfinite(fused).all()),
         "grads_finite": bool(torch.isfinite(fused_in.grad).all()),
-        "max_abs_value_diff": float((fused.float() - ref).abs().max()),
+        "max_abs_value_diff": float((fused.detach().float() - ref.detach()).abs().max()),
         "max_abs_grad_diff": float((fused_in.grad.float() - ref_in.grad.float()).abs().max()),
     }
 
