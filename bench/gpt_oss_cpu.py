@@ -23,14 +23,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
 
-from peft import LoraConfig, get_peft_model  # noqa: E402
-from transformers import AutoModelForCausalLM, GptOssConfig  # noqa: E402
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM, GptOssConfig
 
-from mtrl_trainer.batch import EpisodeSequence, rows_from_sequences  # noqa: E402
-from mtrl_trainer.decoders import make_decoder  # noqa: E402
-from mtrl_trainer.logprobs import SequenceLogprobs  # noqa: E402
-from mtrl_trainer.sampling import SamplingParams  # noqa: E402
-from mtrl_trainer.update import UpdateConfig, lora_parameters, train_step  # noqa: E402
+from mtrl_trainer.batch import EpisodeSequence, rows_from_sequences
+from mtrl_trainer.decoders import make_decoder
+from mtrl_trainer.logprobs import SequenceLogprobs
+from mtrl_trainer.sampling import SamplingParams
+from mtrl_trainer.update import UpdateConfig, lora_parameters, train_step
 
 # openai/gpt-oss-20b config.json, layers reduced.
 GPT_OSS_20B = {"hidden_size": 2880, "intermediate_size": 2880, "num_attention_heads": 64,
