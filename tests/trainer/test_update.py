@@ -155,3 +155,17 @@ def test_chunked_logprobs_equal_full_logits_values_and_gradients() -> None:
     assert torch.allclose(chunked, full, atol=1e-5)
     for a, b in zip(grads(chunked), full_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), float((a - b).abs().max())
+
+
+def test_gpt_oss_policy_samples_and_trains_with_the_default_adapter_targets() -> None:
+    """The run spec's default LoRA targets on GPT-OSS (its experts are not nn.Linear: only the
+    attention projections get adapters); sampler and trainer agree before the update."""
+    p = policy("tiny-gpt-oss")
+    result = two_turn_result(p)
+    rows = build_rows([result], [1.0], loss_type="dapo", max_completion_length=12,
+                      max_sequence_length=512, micro_batches=1)
+    loss, clipped, tokens, gap, _ = step_loss(SequenceLogprobs(p.model), rows, config(),
+                                              pad_token_id=0, device=CPU)
+    assert loss == pytest.approx(-1.0, abs=1e-4) and clipped == 0 and gap < 1e-4 * tokens
+    grads = [q.grad for q in p.model.parameters() if q.requires_grad]
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)
