@@ -16,6 +16,9 @@ one (a run cut short keeps what it measured):
    device copy; on GPU also against the nominal 4.3 TB/s of an H200);
 6. the clip fraction and the mean |trainer - sampler logprob| at step 1: how well sampler and
    trainer agree in bf16.
+TRL's chunked log-prob kernel is also compared with `log_softmax` on its own, and if TRL's losses
+or gradient norms are not finite, TRL runs once more with its Triton kernels off (the dry run
+always does, to exercise that path); see docs/trainer.md.
 
 Needs torch, transformers and peft only (plus trl and datasets for the TRL side, carried as
 wheels: `bench/gpu_check.sh`); no pydantic, no boto3. `--tiny` runs the same code on a tiny
@@ -285,6 +288,15 @@ def number(value: Any) -> float:
         return math.nan
 
 
+def without_triton() -> None:
+    """Make TRL take its torch ops where it would launch its Triton kernels."""
+    import trl.kernels.chunked_logprob as chunked
+    import trl.trainer.utils as utils
+
+    chunked._TRITON_AVAILABLE = False
+    utils.is_triton_available = lambda: False
+
+
 def trl_side(shape: dict[str, Any], args: argparse.Namespace, device: torch.device,
              dtype: torch.dtype) -> dict[str, Any]:
     """TRL's GRPOTrainer (HF generate, no vLLM) on the same weights, prompts and batch layout."""
@@ -496,6 +508,10 @@ def markdown(report: dict[str, Any]) -> str:
             f"{k['positions']} positions: values / grads finite, max \\|Δ\\| value / grad", "-",
             f"{fmt(k['values_finite'])} / {fmt(k['grads_finite'])}, "
             f"{k['max_abs_value_diff']:.1e} / {k['max_abs_grad_diff']:.1e}")
+    w = report.get("trl_without_triton", {})
+    if w and "skipped" not in w:
+        row("4", "TRL again, its Triton kernels off: finite; completion tokens/s", "-",
+            f"{fmt(w.get('finite'))}; {fmt(w.get('completion_tok_s'))}")
     if "project_imported" in report:
         lines += ["", "> pydantic and boto3 were unimportable (as on the GPU machine); "
                   "mtrl_operator / mtrl_rollout imported: "
@@ -569,8 +585,13 @@ def main() -> int:
     if device.type == "cuda":
         torch.cuda.empty_cache()
     stage("trl", {"skipped": "--no-trl"} if args.no_trl else trl_side(shape, args, device, dtype))
-    if not args.no_trl:
+    if not args.no_trl and "skipped" not in report["trl"]:
         stage("trl_kernel", trl_logprob_kernel(shape, args, device, dtype))
+        # Non-finite on the GPU: once more with TRL's torch ops instead of its Triton kernels
+        # (the dry run takes this path always, so it is exercised before the GPU needs it).
+        if not report["trl"]["finite"] or args.tiny:
+            without_triton()
+            stage("trl_without_triton", trl_side(shape, args, device, dtype))
     print(markdown(report))
     return 0
 
