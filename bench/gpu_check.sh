@@ -31,7 +31,7 @@ if ! "$PYTHON" -c 'import trl, datasets' 2>/dev/null; then
     site=$(mktemp -d /tmp/mtrl-wheels.XXXXXX)
     "$PYTHON" -m pip install --quiet --no-deps --no-index --target "$site" "$WHEELS"/*.whl
     export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$site"
-    echo "TRL from $WHEELS: $(ls "$WHEELS" | tr '\n' ' ')"
+    echo "wheels for TRL's side, from $WHEELS: $(ls "$WHEELS" | tr '\n' ' ')"
   else
     echo "no trl and no wheels in $WHEELS (make bench-wheels): TRL's side is skipped"
   fi
