@@ -51,6 +51,27 @@ e2e-kind: install ## the demo on a kind cluster (needs docker, kind, kubectl, he
 bench: install tools ## benchmarks; results go to BENCHMARKS.md
 	$(BIN)/python bench/run_all.py
 
+# TRL's side of the GPU check: the GPU machine has no TRL and no internet, so its wheels are
+# carried there (pure Python, ~2 MB; multiprocess is per Python version: the machine runs 3.12).
+TRL_WHEELS := "trl==1.16.0" "datasets==4.8.5" "dill>=0.3.0,<0.4.2" "multiprocess<0.70.20"
+WHEELS_PYTHON ?= 3.12
+bench-wheels: install ## download the TRL wheels the GPU machine needs into bench/wheels/ (carry it there)
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: --python-version $(WHEELS_PYTHON) \
+		-d bench/wheels $(TRL_WHEELS)
+	@du -ch bench/wheels/*.whl | tail -1
+
+# The CPU dry run also needs what the GPU machine already has for datasets (pyarrow, pandas ...),
+# for this machine's Python; never carried. --no-deps: datasets 4.8.5 pins huggingface-hub<2,
+# which the venv's transformers has outgrown, so nothing goes into the venv.
+bench-wheels-cpu: install ## the same wheels plus pyarrow, pandas, xxhash, httpx for a CPU dry run, into bench/wheels-cpu/
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: -d bench/wheels-cpu $(TRL_WHEELS) \
+		"pyarrow>=21" pandas xxhash httpx httpcore
+	@du -ch bench/wheels-cpu/*.whl | tail -1
+
+GPU_CHECK_WHEELS ?= bench/wheels-cpu
+gpu-check: install ## the GPU readiness check (the tiny CPU dry run without a GPU); results in out/gpu-check/
+	PYTHON=$(BIN)/python MTRL_WHEELS=$(GPU_CHECK_WHEELS) bash bench/gpu_check.sh
+
 SOAK_MINUTES ?= 30
 soak: install tools ## bounded soak (SOAK_MINUTES, default 30): flat memory, no leaks; result in BENCHMARKS.md
 	$(BIN)/python bench/soak.py --minutes $(SOAK_MINUTES)
@@ -58,4 +79,5 @@ soak: install tools ## bounded soak (SOAK_MINUTES, default 30): flat memory, no 
 clean: ## remove the venv and local state (not the cached binaries)
 	rm -rf $(VENV) $(CLUSTER_DIR) out .pytest_cache .ruff_cache
 
-.PHONY: help install tools crds lint test cluster-up cluster-down moto demo e2e-kind bench soak clean
+.PHONY: help install tools crds lint test cluster-up cluster-down moto demo e2e-kind bench soak clean \
+	bench-wheels bench-wheels-cpu gpu-check

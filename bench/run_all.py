@@ -1,8 +1,9 @@
 """`make bench`: run every benchmark here and rewrite BENCHMARKS.md with their tables.
 
-Each benchmark is its own process and prints a markdown table; this script records the exact
-command, the date and the machine next to each table. GPU-only figures (the trainer on an
-H200) are run by hand with the command in BENCHMARKS.md; here the trainer runs `--tiny`.
+Each benchmark is its own process and prints markdown tables (and `> ` notes); this script
+records the exact command, the date and the machine next to each. GPU-only figures (the trainer
+on an H200) come from `bench/gpu_check.sh` on the GPU machine; here it runs its tiny CPU dry run
+(with TRL's side when `make bench-wheels-cpu` has been run).
 """
 
 from __future__ import annotations
@@ -15,22 +16,29 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+PY = ".venv/bin/python"
 BENCHES = [
     ("Operator overhead (P1-P3)",
-     ["bench/operator_bench.py", "--runs", "20"]),
+     [PY, "bench/operator_bench.py", "--runs", "20"]),
     ("Scale: one operator, many concurrent runs (P4)",
-     ["bench/scale_bench.py", "--runs", "10", "100", "500"]),
+     [PY, "bench/scale_bench.py", "--runs", "10", "100", "500"]),
     ("Transport (P5)",
-     ["bench/transport_bench.py", "--messages", "1000", "--concurrency", "4", "--turns", "100"]),
-    ("Trainer, CPU smoke (P6 needs a GPU: see below)",
-     ["bench/trainer_bench.py", "--tiny"]),
+     [PY, "bench/transport_bench.py", "--messages", "1000", "--concurrency", "4", "--turns", "100"]),
+    ("Trainer: serving multi-turn episodes (issue 14)",
+     [PY, "bench/serving_bench.py"]),
+    ("Trainer: training memory at long context (issue 14)",
+     [PY, "bench/memory_bench.py"]),
+    ("Trainer: GPT-OSS-20B shapes on CPU (issue 14)",
+     [PY, "bench/gpt_oss_cpu.py"]),
+    ("Trainer: GPU readiness check, CPU dry run (P6 needs a GPU: see below)",
+     ["bash", "bench/gpu_check.sh", "--tiny"]),
 ]
 
 
 def _tables(stdout: str) -> str:
     """The markdown tables (and TRL's note) a benchmark printed, a blank line before each new
     table (a header row is the one followed by a `|---` row) so they do not run together."""
-    lines = [line for line in stdout.splitlines() if line.startswith(("|", "TRL"))]
+    lines = [line for line in stdout.splitlines() if line.startswith(("|", "TRL", "> "))]
     out: list[str] = []
     for i, line in enumerate(lines):
         starts_table = i + 1 < len(lines) and lines[i + 1].startswith("|---")
@@ -43,17 +51,19 @@ def _tables(stdout: str) -> str:
 def main() -> int:
     sections = []
     failed = 0
+    wheels = REPO / "bench" / "wheels-cpu"
     for title, args in BENCHES:
-        cmd = [sys.executable, *args]
+        cmd = [sys.executable if a == PY else a for a in args]
         print(f"== {title}: {' '.join(args)}", flush=True)
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+                              env={**os.environ, "PYTHONPATH": str(REPO), "PYTHON": sys.executable,
+                                   "MTRL_WHEELS": str(wheels)})
         table = _tables(proc.stdout)
         if proc.returncode != 0:
             failed += 1
             table += f"\n\nFAILED (exit {proc.returncode}):\n```\n{proc.stderr[-2000:]}\n```"
         print(table, flush=True)
-        sections.append(f"## {title}\n\n`.venv/bin/python {' '.join(args)}`\n\n{table}\n")
+        sections.append(f"## {title}\n\n`{' '.join(args)}`\n\n{table}\n")
     header = (f"# Benchmarks\n\nWritten by `make bench` on {dt.date.today()} "
               f"({platform.machine()}, {os.cpu_count()} cores). Figures are measured side by "
               "side in one run; the machine is shared and noisy, so read ratios, not "

@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from mtrl_operator.api.run import ModelSpec
 from mtrl_trainer.batch import Row
 from mtrl_trainer.distributed import broadcast, close_world, init_world
+from mtrl_trainer.logprobs import SequenceLogprobs
 from mtrl_trainer.models import load_policy
 from mtrl_trainer.update import UpdateConfig, lora_parameters, train_step
 
@@ -43,7 +44,8 @@ def main() -> int:
     spec = ModelSpec.model_validate({"name": "random:tiny-qwen2", "dtype": "float32",
                                      "lora": {"rank": 4, "alpha": 8, "dropout": 0.0}})
     policy = load_policy(spec, seed=5, device=torch.device("cpu"))
-    model = DistributedDataParallel(policy.model) if world.size > 1 else policy.model
+    scorer = SequenceLogprobs(policy.model)
+    model = DistributedDataParallel(scorer) if world.size > 1 else scorer
     optimizer = torch.optim.AdamW(lora_parameters(policy.model), lr=1e-2, weight_decay=0.0)
     rows = broadcast(fixed_rows(policy.tokenizer.vocab_size) if world.is_leader else None, world)
     stats = train_step(

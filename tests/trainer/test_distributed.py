@@ -1,4 +1,5 @@
-"""Two gloo processes under torchrun compute the same step as one process on the same batch."""
+"""torchrun with gloo: two processes compute the same step as one process on the same batch, and
+N ranks each sample their share of the episodes (sharded generation)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,12 +17,15 @@ pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
 
 SCRIPT = Path(__file__).with_name("ddp_step.py")
+SHARD_SCRIPT = Path(__file__).with_name("shard_serve.py")
 
 
-def run_step(nproc: int) -> dict[str, float]:
+def run_step(nproc: int, script: Path = SCRIPT) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", str(SCRIPT)]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(SCRIPT.parents[2])}
+           f"--nproc-per-node={nproc}", str(script)]
+    # Keep the caller's path: a worktree's packages come before the editable install.
+    path = os.pathsep.join(p for p in (str(SCRIPT.parents[2]), os.environ.get("PYTHONPATH")) if p)
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -32,3 +37,21 @@ def test_two_gloo_ranks_match_one_process() -> None:
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-6)
     assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
     assert two["digest"] == pytest.approx(one["digest"], rel=1e-5)  # same update applied
+
+
+def test_every_rank_serves_its_share_of_the_episodes() -> None:
+    from mtrl_trainer.sharding import shard_of
+
+    ranks = 3
+    report = run_step(ranks, SHARD_SCRIPT)
+    served = [r["served"] for r in report["ranks"]]
+    samples = {s for share in served for s in share}
+    assert len(samples) == 24  # 12 episodes x 2 rounds
+    for rank, share in enumerate(served):
+        assert share, f"rank {rank} served nothing"
+        assert set(share) == {s for s in samples if shard_of(s, ranks) == rank}
+        assert set(share.values()) == {2}  # both turns of each episode on the same rank
+    # Turn 2 extends turn 1: each rank prefilled it from its cached prefix.
+    assert all(r["reused"] > 0 for r in report["ranks"])
+    # Before the update every rank sampled with version 0, after it with version 1.
+    assert report["versions"] == [[0], [1]]

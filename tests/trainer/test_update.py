@@ -11,9 +11,11 @@ torch = pytest.importorskip("torch")
 from mtrl_operator.api.run import ModelSpec  # noqa: E402
 from mtrl_rollout.protocol import ChatMessage, RolloutResult, TurnRecord  # noqa: E402
 from mtrl_trainer.batch import build_rows  # noqa: E402
-from mtrl_trainer.decoder import StaticCacheDecoder  # noqa: E402
+from mtrl_trainer.decoder import FastDecoder  # noqa: E402
+from mtrl_trainer.logprobs import SequenceLogprobs, full_logprobs  # noqa: E402
 from mtrl_trainer.models import Policy, load_policy  # noqa: E402
-from mtrl_trainer.update import UpdateConfig, step_loss, token_logprobs  # noqa: E402
+from mtrl_trainer.sampling import SamplingParams  # noqa: E402
+from mtrl_trainer.update import UpdateConfig, step_loss  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -38,14 +40,15 @@ def config(beta: float = 0.0) -> UpdateConfig:
 
 def two_turn_result(p: Policy, temperature: float = 0.7) -> RolloutResult:
     """A real two-turn episode: turn 2's prompt = turn 1's prompt + completion + user text."""
-    decoder = StaticCacheDecoder(p.model)
+    decoder = FastDecoder(p.model, rows=2, max_length=256)
     gen = torch.Generator().manual_seed(1)
     messages = [ChatMessage(role="user", content="Say a")]
     turns = []
     for turn in range(2):
         prompt = p.tokenizer.encode_chat(messages)
-        out = decoder.generate([prompt], [6], stop_token_ids=p.tokenizer.stop_token_ids,
-                               temperature=temperature, generator=gen)[0]
+        out = decoder.generate([prompt], [6], SamplingParams(temperature, 1.0,
+                                                             p.tokenizer.stop_token_ids),
+                               generator=gen)[0]
         turns.append(TurnRecord(turn=turn, policy_version=0, prompt_token_ids=prompt,
                                 completion_token_ids=out.token_ids,
                                 completion_logprobs=[min(x, 0.0) for x in out.logprobs],
@@ -64,14 +67,13 @@ def test_decoder_logprobs_equal_recomputed_ones(preset: str) -> None:
     p = policy(preset)
     prompts = [p.tokenizer.encode_chat([ChatMessage(role="user", content=text)])
                for text in ("hi", "a much longer prompt than the first")]
-    outs = StaticCacheDecoder(p.model).generate(
-        prompts, [9, 5], stop_token_ids=frozenset(), temperature=0.7,
-        generator=torch.Generator().manual_seed(0))
+    outs = FastDecoder(p.model, rows=2, max_length=128).generate(
+        prompts, [9, 5], SamplingParams(temperature=0.7), generator=torch.Generator().manual_seed(0))
     assert [len(o.token_ids) for o in outs] == [9, 5]
     for prompt, out in zip(prompts, outs, strict=True):
         ids = torch.tensor([prompt + out.token_ids])
         with torch.no_grad():
-            recomputed = token_logprobs(p.model, ids, torch.ones_like(ids), 0.7)[0, len(prompt):]
+            recomputed = full_logprobs(p.model, ids, torch.ones_like(ids), 0.7)[0, len(prompt):]
         assert recomputed.tolist() == pytest.approx(out.logprobs, abs=1e-4)
 
 
@@ -96,8 +98,8 @@ def test_loss_ignores_environment_tokens_and_starts_at_ratio_one() -> None:
     result = two_turn_result(p)
     rows = build_rows([result], [1.0], loss_type="dapo", max_completion_length=12,
                       max_sequence_length=512, micro_batches=1)
-    loss, clipped, tokens, _ = step_loss(p.model, rows, config(), pad_token_id=0, device=CPU,
-                                         backward=False)
+    loss, clipped, tokens, *_ = step_loss(SequenceLogprobs(p.model), rows, config(),
+                                         pad_token_id=0, device=CPU, backward=False)
     # Ratio 1 everywhere: the dapo loss is -advantage averaged over trained tokens.
     assert loss == pytest.approx(-1.0, abs=1e-4) and clipped == 0
     assert tokens == sum(rows[0].mask)
@@ -105,7 +107,7 @@ def test_loss_ignores_environment_tokens_and_starts_at_ratio_one() -> None:
     row = rows[0]
     noisy = [lp if m else -1e4 for lp, m in zip(row.old_logprobs, row.mask, strict=True)]
     altered = [type(row)(row.token_ids, row.mask, noisy, row.weights, 1.0, 0)]
-    again = step_loss(p.model, altered, config(beta=0.5), pad_token_id=0, device=CPU,
+    again = step_loss(SequenceLogprobs(p.model), altered, config(beta=0.5), pad_token_id=0, device=CPU,
                       backward=False)
     assert math.isfinite(again[0])
 
@@ -114,15 +116,56 @@ def test_kl_is_zero_with_adapter_disabled_reference_of_an_untrained_adapter() ->
     fresh = policy(perturb=False)  # LoRA B = 0: the policy is its own reference
     rows = build_rows([two_turn_result(fresh)], [1.0], loss_type="dapo",
                       max_completion_length=12, max_sequence_length=512, micro_batches=1)
-    *_, kl = step_loss(fresh.model, rows, config(beta=1.0), pad_token_id=0, device=CPU,
+    *_, kl = step_loss(SequenceLogprobs(fresh.model), rows, config(beta=1.0), pad_token_id=0, device=CPU,
                        backward=False)
     assert kl == 0.0
     trained = policy(perturb=True)
     rows = build_rows([two_turn_result(trained)], [1.0], loss_type="dapo",
                       max_completion_length=12, max_sequence_length=512, micro_batches=1)
-    *_, kl = step_loss(trained.model, rows, config(beta=1.0), pad_token_id=0, device=CPU,
+    *_, kl = step_loss(SequenceLogprobs(trained.model), rows, config(beta=1.0), pad_token_id=0, device=CPU,
                        backward=False)
     assert kl > 1e-4
     # disable_adapter() is scoped: the adapter is back on afterwards.
     assert trained.model.active_adapter == "default"
     assert any(getattr(m, "disable_adapters", None) is False for m in trained.model.modules())
+
+
+def test_chunked_logprobs_equal_full_logits_values_and_gradients() -> None:
+    """Only trained positions, a few rows of logits at a time: same values and same LoRA
+    gradients as the whole [B, T, V] logits."""
+    p = policy()
+    p.model.train()
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, p.tokenizer.vocab_size, (3, 20), generator=gen)
+    attention = torch.ones_like(ids)
+    attention[2, 15:] = 0  # a right-padded row
+    where = (torch.rand(ids.shape, generator=gen) < 0.5).float() * attention
+    weights = torch.rand(ids.shape, generator=gen)
+
+    def grads(values: torch.Tensor) -> list[torch.Tensor]:
+        p.model.zero_grad(set_to_none=True)
+        (values * where * weights).sum().backward()
+        return [q.grad.clone() for q in p.model.parameters() if q.requires_grad]
+
+    full = full_logprobs(p.model, ids, attention, 0.7) * where
+    full_grads = grads(full)
+    # A budget of 3 rows of logits: 20+ trained positions take several chunks.
+    chunked = SequenceLogprobs(p.model, logit_budget=3 * p.tokenizer.vocab_size)(
+        ids, attention, where, 0.7)
+    assert torch.allclose(chunked, full, atol=1e-5)
+    for a, b in zip(grads(chunked), full_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), float((a - b).abs().max())
+
+
+def test_gpt_oss_policy_samples_and_trains_with_the_default_adapter_targets() -> None:
+    """The run spec's default LoRA targets on GPT-OSS (its experts are not nn.Linear: only the
+    attention projections get adapters); sampler and trainer agree before the update."""
+    p = policy("tiny-gpt-oss")
+    result = two_turn_result(p)
+    rows = build_rows([result], [1.0], loss_type="dapo", max_completion_length=12,
+                      max_sequence_length=512, micro_batches=1)
+    loss, clipped, tokens, gap, _ = step_loss(SequenceLogprobs(p.model), rows, config(),
+                                              pad_token_id=0, device=CPU)
+    assert loss == pytest.approx(-1.0, abs=1e-4) and clipped == 0 and gap < 1e-4 * tokens
+    grads = [q.grad for q in p.model.parameters() if q.requires_grad]
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from mtrl_rollout.protocol import RolloutResult
-from mtrl_rollout.trajectory import flatten
 from mtrl_trainer.grpo import LossType, token_weights
+
+if TYPE_CHECKING:  # the protocol needs pydantic; the GPU check builds rows without it
+    from mtrl_rollout.protocol import RolloutResult
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,17 @@ class Padded:
     advantages: torch.Tensor  # [B]
 
 
+@dataclass(frozen=True)
+class EpisodeSequence:
+    """One flat token sequence of an episode, as sampled."""
+
+    episode: int
+    token_ids: list[int]
+    mask: list[int]
+    logprobs: list[float]
+    advantage: float
+
+
 def build_rows(
     results: Sequence[RolloutResult],
     advantages: Sequence[float],
@@ -52,14 +65,32 @@ def build_rows(
 ) -> list[Row]:
     """Rows of one optimizer step. Episodes are dealt to micro-batches round-robin so each
     micro-batch sees every group; rows with nothing to train are left out."""
+    from mtrl_rollout.trajectory import flatten
+
+    sequences = [
+        EpisodeSequence(episode, seq.token_ids, seq.loss_mask, seq.logprobs, advantage)
+        for episode, (result, advantage) in enumerate(zip(results, advantages, strict=True))
+        for seq in flatten(result.trajectory)
+    ]
+    return rows_from_sequences(sequences, loss_type=loss_type,
+                               max_completion_length=max_completion_length,
+                               max_sequence_length=max_sequence_length, micro_batches=micro_batches)
+
+
+def rows_from_sequences(
+    sequences: Sequence[EpisodeSequence],
+    *,
+    loss_type: LossType,
+    max_completion_length: int,
+    max_sequence_length: int,
+    micro_batches: int,
+) -> list[Row]:
     flat: list[tuple[int, list[int], list[int], list[float], float]] = []
-    for episode, (result, advantage) in enumerate(zip(results, advantages, strict=True)):
-        for seq in flatten(result.trajectory):
-            ids = seq.token_ids[:max_sequence_length]
-            mask = seq.loss_mask[: len(ids)]
-            if not any(mask):
-                continue
-            flat.append((episode, ids, mask, seq.logprobs[: len(ids)], advantage))
+    for seq in sequences:
+        ids = seq.token_ids[:max_sequence_length]
+        mask = seq.mask[: len(ids)]
+        if any(mask):
+            flat.append((seq.episode, ids, mask, seq.logprobs[: len(ids)], seq.advantage))
     if not flat:
         return []
     width = max(len(ids) for _, ids, _, _, _ in flat)

@@ -1,20 +1,27 @@
-"""The generation service: answers workers' GenerateRequests in batches from the current policy.
+"""The generation service: answers workers' GenerateRequests from the current policy.
 
-`mtrl_rollout.generation.GenerationServer` receives requests and calls `sample` with each batch
-it gathered; batches that arrive while the model is busy are merged into the next decode, so the
-model always decodes as many sequences as are waiting. The run's temperature and top-p always
-apply (the loss recomputes logprobs at that temperature); a request may only lower the token
-budget. Requests from another trainer attempt (a killed predecessor's episodes) are refused so
-their episodes end quickly instead of spending decode time on samples nobody will train on.
+`mtrl_rollout.generation.GenerationServer` (or, on other ranks, `sharding.serve_share`) calls
+`sample` with the requests it gathered. Each becomes a decoder job, keyed by its sample id so the
+next turn of the episode reuses its cached prefix, and one engine thread keeps the decoder busy:
+jobs are admitted between decode steps (continuous batching) and each response goes back as soon
+as its own completion ends. The run's temperature and top-p always apply (the loss recomputes
+logprobs at that temperature); a request may only lower the token budget. Requests from another
+trainer attempt (a killed predecessor's episodes) are refused so their episodes end quickly
+instead of spending decode time on samples nobody will train on.
+
+The engine holds the model lock from the moment it has work until the decoder is idle, so a
+weight update never lands in the middle of a completion; `update_policy` (called with the lock
+held, right after the optimizer step) drops the cached prefixes of the old weights and bumps the
+policy version every response carries.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,10 +35,14 @@ from mtrl_rollout.protocol import (
     GenerateResponse,
     TokenLogprob,
 )
-from mtrl_trainer.decoder import Sampled, StaticCacheDecoder
+from mtrl_trainer.decoders import Decoder, make_decoder
 from mtrl_trainer.models import Policy
+from mtrl_trainer.sampling import Job, Sampled, SamplingParams
 
 log = logging.getLogger(__name__)
+
+CPU_KV_CACHE_BYTES = 2 << 30
+GPU_KV_CACHE_FRACTION = 0.3  # of the memory free when the service starts
 
 
 @dataclass(frozen=True)
@@ -41,6 +52,23 @@ class SamplingConfig:
     max_new_tokens: int
     max_sequence_length: int
     max_batch: int = 256
+
+
+def rows_that_fit(model: torch.nn.Module, max_length: int, most: int) -> int:
+    """Decoder rows (sequences in flight) whose KV cache fits the memory set aside for it."""
+    config = model.config
+    layers = int(config.num_hidden_layers)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    head_dim = int(getattr(config, "head_dim", None)
+                   or config.hidden_size // config.num_attention_heads)
+    weight = next(model.parameters())
+    per_row = 2 * layers * kv_heads * head_dim * (max_length + 16) * weight.element_size()
+    if weight.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(weight.device)
+        budget = int(free * GPU_KV_CACHE_FRACTION)
+    else:
+        budget = CPU_KV_CACHE_BYTES
+    return max(1, min(most, budget // per_row))
 
 
 class GenerationService:
@@ -57,67 +85,70 @@ class GenerationService:
         self._sampling = sampling
         self._lock = model_lock
         self._attempt_prefix = f"{attempt}-"
-        self._decoder = StaticCacheDecoder(policy.model)
-        self._generator = torch.Generator(self._decoder.device).manual_seed(seed)
-        self._pending: list[tuple[GenerateRequest, asyncio.Future[GenerateResponse]]] = []
-        self._runner: asyncio.Task[None] | None = None
+        base = policy.model.get_base_model()
+        self.decoder: Decoder = make_decoder(
+            policy.model, max_length=sampling.max_sequence_length,
+            rows=rows_that_fit(base, sampling.max_sequence_length, sampling.max_batch))
+        device = next(base.parameters()).device
+        self.decoder.configure(
+            SamplingParams(sampling.temperature, sampling.top_p, policy.tokenizer.stop_token_ids),
+            torch.Generator(device).manual_seed(seed))
+        self._inbox: collections.deque[Job] = collections.deque()
+        self._wake = threading.Condition()
+        self._engine: threading.Thread | None = None
+        self._closed = False
+        self._open: set[Job] = set()  # submitted, not finished
+        self._version_in_use = 0
         self.policy_version = 0
         self.tokens = 0  # completion tokens generated so far
         self.decode_seconds = 0.0
+        self.served: collections.Counter[str] = collections.Counter()  # turns per sample id
+
+    # ------------------------------------------------------------------ asyncio side
 
     async def sample(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
         loop = asyncio.get_running_loop()
-        futures = []
+        futures: list[asyncio.Future[GenerateResponse]] = []
+        jobs = []
         for request in requests:
             future: asyncio.Future[GenerateResponse] = loop.create_future()
-            self._pending.append((request, future))
             futures.append(future)
-        if self._runner is None or self._runner.done():
-            self._runner = asyncio.create_task(self._drain())
+            refusal, job = self._job(request, loop, future)
+            if refusal is not None:
+                future.set_result(error_response(request, refusal))
+            elif job is not None:
+                jobs.append(job)
+        if jobs:
+            with self._wake:
+                self._inbox.extend(jobs)
+                self._wake.notify()
+            self._start_engine()
         return list(await asyncio.gather(*futures))
 
-    async def _drain(self) -> None:
-        while self._pending:
-            batch = self._pending[: self._sampling.max_batch]
-            del self._pending[: len(batch)]
-            try:
-                responses = await asyncio.to_thread(self._answer, [r for r, _ in batch])
-            except Exception as exc:
-                log.exception("decoding a batch of %d failed", len(batch))
-                responses = [error_response(r, f"sampling failed: {exc}") for r, _ in batch]
-            for (_, future), response in zip(batch, responses, strict=True):
-                if not future.done():
-                    future.set_result(response)
+    def _job(
+        self, request: GenerateRequest, loop: asyncio.AbstractEventLoop,
+        future: asyncio.Future[GenerateResponse],
+    ) -> tuple[str | None, Job | None]:
+        if not request.sample_id.startswith(self._attempt_prefix):
+            return "request from another trainer attempt", None
+        prompt = self._policy.tokenizer.encode_chat(request.messages)
+        budget = self._budget(request, len(prompt))
+        if budget <= 0:
+            return "episode token budget exhausted", None
 
-    def _answer(self, requests: Sequence[GenerateRequest]) -> list[GenerateResponse]:
-        responses: list[GenerateResponse | None] = [None] * len(requests)
-        work: list[tuple[int, list[int], int]] = []
-        for i, request in enumerate(requests):
-            if not request.sample_id.startswith(self._attempt_prefix):
-                responses[i] = error_response(request, "request from another trainer attempt")
-                continue
-            prompt = self._policy.tokenizer.encode_chat(request.messages)
-            budget = self._budget(request, len(prompt))
-            if budget <= 0:
-                responses[i] = error_response(request, "episode token budget exhausted")
-                continue
-            work.append((i, prompt, budget))
-        if work:
-            started = time.perf_counter()
-            with self._lock:
-                self._policy.model.eval()  # no LoRA dropout while sampling
-                version = self.policy_version
-                sampled = self._decoder.generate(
-                    [p for _, p, _ in work], [b for _, _, b in work],
-                    stop_token_ids=self._policy.tokenizer.stop_token_ids,
-                    temperature=self._sampling.temperature, top_p=self._sampling.top_p,
-                    generator=self._generator,
-                )
-            self.decode_seconds += time.perf_counter() - started
-            for (i, prompt, _), out in zip(work, sampled, strict=True):
-                self.tokens += len(out.token_ids)
-                responses[i] = self._response(requests[i], prompt, out, version)
-        return [r for r in responses if r is not None]
+        def done(out: Sampled) -> None:  # on the engine thread
+            self._open.discard(job)
+            self.tokens += len(out.token_ids)
+            self.served[request.sample_id] += 1
+            try:
+                response = self._response(request, prompt, out, self._version_in_use)
+            except Exception as exc:  # never leave the episode waiting
+                response = error_response(request, f"building the response failed: {exc}")
+            loop.call_soon_threadsafe(_settle, future, response)
+
+        job = Job(prompt, budget, request.sample_id, done)
+        self._open.add(job)
+        return None, job
 
     def _budget(self, request: GenerateRequest, prompt_tokens: int) -> int:
         budget = min(self._sampling.max_new_tokens,
@@ -128,9 +159,65 @@ class GenerationService:
             budget = min(budget, request.max_length - prompt_tokens)
         return budget
 
+    # ------------------------------------------------------------------ engine thread
+
+    def _start_engine(self) -> None:
+        if self._engine is None:
+            self._engine = threading.Thread(target=self._run, name="generation", daemon=True)
+            self._engine.start()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._engine is not None:
+            self._engine.join(timeout=60)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._inbox and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+            with self._lock:
+                self._policy.model.eval()  # no LoRA dropout while sampling
+                self._version_in_use = self.policy_version
+                started = time.perf_counter()
+                try:
+                    self._drain()
+                except Exception as exc:
+                    log.exception("decoding failed")
+                    self.decoder.reset()
+                    for job in list(self._open):
+                        job.finish(Sampled([], [], False, error=f"sampling failed: {exc}"))
+                self.decode_seconds += time.perf_counter() - started
+
+    def _drain(self) -> None:
+        """Decode until nothing is waiting or in flight; new jobs join between steps."""
+        while True:
+            with self._wake:
+                jobs = list(self._inbox)
+                self._inbox.clear()
+            for job in jobs:
+                try:
+                    self.decoder.submit(job)
+                except ValueError as exc:
+                    job.finish(Sampled([], [], False, error=str(exc)))
+            if not self.decoder.busy:
+                return
+            self.decoder.pump()
+
+    def update_policy(self, version: int) -> None:
+        """The weights just changed (call with the model lock held)."""
+        self.decoder.invalidate()
+        self.policy_version = version
+
     def _response(
         self, request: GenerateRequest, prompt: list[int], out: Sampled, version: int
     ) -> GenerateResponse:
+        if out.error is not None:
+            return error_response(request, out.error)
         text = self._policy.tokenizer.decode(out.token_ids)
         return GenerateResponse.replying_to(
             request,
@@ -146,3 +233,8 @@ class GenerationService:
                 token_ids=out.token_ids,
             )],
         )
+
+
+def _settle(future: asyncio.Future[GenerateResponse], response: GenerateResponse) -> None:
+    if not future.done():
+        future.set_result(response)

@@ -24,6 +24,7 @@ from mtrl_trainer.dataset import Tasks, load_tasks
 from mtrl_trainer.distributed import World, broadcast, device_for
 from mtrl_trainer.generation import GenerationService, SamplingConfig
 from mtrl_trainer.grpo import group_advantages
+from mtrl_trainer.logprobs import SequenceLogprobs
 from mtrl_trainer.models import Policy, load_policy
 from mtrl_trainer.orchestration import Orchestrator, Rollouts, RolloutSettings
 from mtrl_trainer.progress import (
@@ -33,6 +34,7 @@ from mtrl_trainer.progress import (
     ProgressReport,
     ProgressSink,
 )
+from mtrl_trainer.sharding import Endpoint, ShardRouter, serve_share
 from mtrl_trainer.stats import components, mean_std, success_rate
 from mtrl_trainer.update import UpdateConfig, UpdateStats, lora_parameters, train_step
 
@@ -87,11 +89,20 @@ class Run:
             restore_rng(self.state.rng)
             log.info("resumed from checkpoint at step %d", self.state.step)
         # Wrap after loading: DDP broadcasts rank 0's (restored) weights at construction.
-        self.model = (
-            DistributedDataParallel(self.policy.model) if world.size > 1 else self.policy.model
-        )
+        scorer = SequenceLogprobs(self.policy.model)
+        self.model = DistributedDataParallel(scorer) if world.size > 1 else scorer
         self.model_lock = threading.Lock()
         grpo = spec.grpo
+        # Every rank samples its share of the episodes (sharding.py).
+        self.service = GenerationService(
+            self.policy,
+            SamplingConfig(grpo.temperature, grpo.top_p, grpo.max_new_tokens,
+                           spec.model.max_sequence_length),
+            model_lock=self.model_lock, attempt=config.attempt,
+            seed=grpo.seed + self.state.step + 1000 * world.rank,
+        )
+        self.service.policy_version = self.state.step
+        self.endpoint = Endpoint.bootstrap(world) if world.size > 1 else None
         self.update_config = UpdateConfig(
             epsilon=grpo.epsilon, epsilon_high=grpo.epsilon_high, beta=grpo.kl_beta,
             temperature=grpo.temperature, micro_batches=grpo.gradient_accumulation_steps,
@@ -102,20 +113,32 @@ class Run:
         states = self.optimizer.state.values()
         return int(max((float(s["step"]) for s in states if "step" in s), default=0))
 
-    def _update(self, rows: list[Row]) -> UpdateStats | None:
-        if not rows:
-            return None
+    def _update(self, rows: list[Row], version: int) -> UpdateStats | None:
+        """The optimizer step, and the new policy version on this rank's sampler, with no
+        completion in flight (same rows and version on every rank)."""
         with self.model_lock:
-            return train_step(
-                self.model, self.optimizer, rows, self.update_config,
-                pad_token_id=self.policy.tokenizer.pad_token_id, device=self.device,
-                rank=self.world.rank, world_size=self.world.size,
-            )
+            stats = None
+            if rows:
+                stats = train_step(
+                    self.model, self.optimizer, rows, self.update_config,
+                    pad_token_id=self.policy.tokenizer.pad_token_id, device=self.device,
+                    rank=self.world.rank, world_size=self.world.size,
+                )
+            self.service.update_policy(version)
+            return stats
 
     def follow(self) -> None:
-        """Ranks other than 0: train on the rows rank 0 broadcasts, step by step."""
-        for _ in range(self.state.step, self.config.spec.grpo.max_steps):
-            self._update(broadcast(None, self.world))
+        """Ranks other than 0: sample this rank's share of the episodes (a thread) and train on
+        the rows rank 0 broadcasts, step by step."""
+        assert self.endpoint is not None
+        endpoint, rank, sample = self.endpoint, self.world.rank, self.service.sample
+        serving = threading.Thread(target=lambda: asyncio.run(serve_share(endpoint, rank, sample)),
+                                   name="share", daemon=True)
+        serving.start()
+        for step in range(self.state.step, self.config.spec.grpo.max_steps):
+            self._update(broadcast(None, self.world), step + 1)
+        serving.join()  # rank 0 hangs up once the run (and its last validation) is done
+        self.service.close()
 
     async def lead(self) -> None:
         config, spec = self.config, self.config.spec
@@ -126,14 +149,11 @@ class Run:
                       bucket=config.payload_bucket)
         outbox = Outbox(sqs)
         collector = ResultCollector(sqs, config.result_queue_url, config.dlq_url, codec=codec)
-        service = GenerationService(
-            self.policy,
-            SamplingConfig(grpo.temperature, grpo.top_p, grpo.max_new_tokens,
-                           spec.model.max_sequence_length),
-            model_lock=self.model_lock, attempt=config.attempt, seed=grpo.seed + self.state.step,
-        )
-        service.policy_version = self.state.step
-        server = GenerationServer(sqs, config.generate_queue_url, config.dlq_url, service.sample,
+        service = self.service
+        router = ShardRouter(self.world, service.sample)
+        if self.endpoint is not None:
+            await router.start(self.endpoint)
+        server = GenerationServer(sqs, config.generate_queue_url, config.dlq_url, router.sample,
                                   codec=codec, max_batch=256, max_wait_s=0.02)
         orchestrator = Orchestrator(RolloutSettings(
             run_id=config.run_id, attempt=config.attempt,
@@ -152,6 +172,8 @@ class Run:
         finally:
             stop.set()
             await serving
+            await router.aclose()
+            service.close()
             await collector.aclose()
             await outbox.aclose()
             sqs.close()
@@ -169,8 +191,8 @@ class Run:
         )
         prepared = prepare(rollouts, self.config, grpo.gradient_accumulation_steps)
         rows = await asyncio.to_thread(broadcast, prepared.rows, self.world)
-        stats = await asyncio.to_thread(self._update, rows)
-        self.state.step = service.policy_version = step + 1
+        stats = await asyncio.to_thread(self._update, rows, step + 1)
+        self.state.step = step + 1
         validation = None
         interval = spec.dataset.eval_interval_steps
         if tasks.validation and interval and (self.state.step % interval == 0

@@ -29,6 +29,12 @@ RANDOM_PRESETS: dict[str, dict[str, Any]] = {
     "tiny-llama": {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
                    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                    "initializer_range": 0.2},
+    # The AWS pipeline's model family: attention sinks, sliding/full layers, experts.
+    "tiny-gpt-oss": {"model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 64,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2,
+                     "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
+                     "initializer_range": 0.2},
 }
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

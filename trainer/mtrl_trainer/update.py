@@ -1,8 +1,12 @@
 """One GRPO optimizer step over this rank's share of the step's rows.
 
-Logprobs are recomputed with the current policy on exactly the sampled token ids; the ratio is
-against the behaviour logprobs the generation service reported. The reference for the KL term
-is the same model with the LoRA adapter disabled (no second copy of the weights in memory).
+Logprobs are recomputed with the current policy on exactly the sampled token ids, and only where
+a token is trained (`logprobs.SequenceLogprobs`); the ratio is against the behaviour logprobs the
+generation service reported. The reference for the KL term is the same model with the LoRA
+adapter disabled (no second copy of the weights in memory).
+
+`model` here is a `SequenceLogprobs` around the peft model, or DistributedDataParallel around
+one.
 """
 
 from __future__ import annotations
@@ -38,17 +42,9 @@ class UpdateStats:
     clip_fraction: float
     kl: float  # mean k3 KL per trained token (0 when beta is 0)
     grad_norm: float
-
-
-def token_logprobs(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
-) -> torch.Tensor:
-    """[B, T]: log p(token t | tokens < t) at `temperature`; position 0 gets 0."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    logits = logits / temperature
-    targets = input_ids[:, 1:].unsqueeze(-1)
-    picked = logits.gather(-1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return torch.nn.functional.pad(picked, (1, 0))
+    # Mean |recomputed - behaviour logprob| per trained token: how far trainer and sampler
+    # disagree before the update (0 in exact arithmetic; bf16 kernels differ).
+    logprob_gap: float = 0.0
 
 
 def step_loss(
@@ -63,19 +59,17 @@ def step_loss(
     backward: bool = True,
 ) -> tuple[float, float, float, float]:
     """Forward (and backward) every micro-batch of this rank. Returns the local sums of loss,
-    clipped tokens, trained tokens and KL."""
-    loss_sum = clipped_sum = tokens = kl_sum = 0.0
+    clipped tokens, trained tokens, |logprob - behaviour logprob| and KL."""
+    loss_sum = clipped_sum = tokens = gap_sum = kl_sum = 0.0
     for micro in range(config.micro_batches):
         part = pad(shard(rows, micro, rank, world_size), pad_token_id, device)
         sync = micro == config.micro_batches - 1 or not hasattr(model, "no_sync")
         with contextlib.nullcontext() if sync else model.no_sync():
-            logprobs = token_logprobs(model, part.input_ids, part.attention_mask,
-                                      config.temperature)
+            logprobs = model(part.input_ids, part.attention_mask, part.mask, config.temperature)
             ref = None
             if config.beta:
-                with torch.no_grad(), causal_lm_peft(model).disable_adapter():
-                    ref = token_logprobs(model, part.input_ids, part.attention_mask,
-                                         config.temperature)
+                with torch.no_grad(), peft_model(model).disable_adapter():
+                    ref = model(part.input_ids, part.attention_mask, part.mask, config.temperature)
             # Zero every untrained position in all inputs: exp() of a masked difference can
             # overflow, and inf * 0 weight would still be NaN.
             m = part.mask
@@ -91,15 +85,16 @@ def step_loss(
         loss_sum += float(weighted.detach())
         clipped_sum += float((clipped.float() * m).sum())
         tokens += float(m.sum())
+        gap_sum += float(((logprobs.detach() - part.old_logprobs).abs() * m).sum())
         if ref is not None:
             delta = (ref - logprobs.detach()) * m
             kl_sum += float(((torch.exp(delta) - delta - 1) * m).sum())
-    return loss_sum, clipped_sum, tokens, kl_sum
+    return loss_sum, clipped_sum, tokens, gap_sum, kl_sum
 
 
-def causal_lm_peft(model: nn.Module) -> nn.Module:
-    """The peft model inside a DDP wrapper (for `disable_adapter`)."""
-    return getattr(model, "module", model)
+def peft_model(model: nn.Module) -> nn.Module:
+    """The peft model inside the DDP and SequenceLogprobs wrappers (for `disable_adapter`)."""
+    return getattr(model, "module", model).policy
 
 
 def train_step(
@@ -123,9 +118,10 @@ def train_step(
     totals = torch.tensor(local, dtype=torch.float64)
     if world_size > 1:
         dist.all_reduce(totals)
-    loss, clipped, tokens, kl = totals.tolist()
-    return UpdateStats(loss, int(tokens), clipped / max(tokens, 1.0), kl / max(tokens, 1.0),
-                       grad_norm)
+    loss, clipped, tokens, gap, kl = totals.tolist()
+    per_token = max(tokens, 1.0)
+    return UpdateStats(loss, int(tokens), clipped / per_token, kl / per_token, grad_norm,
+                       gap / per_token)
 
 
 def lora_parameters(model: nn.Module) -> list[nn.Parameter]:

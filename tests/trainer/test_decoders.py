@@ -1,0 +1,132 @@
+"""Both decoders on tiny random-weight models of each architecture, against an eager reference.
+
+The reference is greedy decoding with a full `model(...)` forward of the whole sequence at every
+token (transformers' eager attention, no cache). Greedy tokens must be equal and per-token
+logprobs within 1e-4 (fp32 on CPU). Initialiser range 0.2 makes the random logits peaked, so a
+greedy choice is not decided by float noise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from mtrl_trainer.decoder import FastDecoder, UnsupportedModel  # noqa: E402
+from mtrl_trainer.decoders import make_decoder  # noqa: E402
+from mtrl_trainer.general import GeneralDecoder  # noqa: E402
+from mtrl_trainer.sampling import SamplingParams  # noqa: E402
+
+VOCAB = 101
+COMMON = {"vocab_size": VOCAB, "hidden_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+          "initializer_range": 0.2, "tie_word_embeddings": False}
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "llama": {"intermediate_size": 128},
+    "qwen2": {"intermediate_size": 128},  # q/k/v biases
+    "qwen3": {"intermediate_size": 128, "head_dim": 32},  # per-head q/k norms
+    "mistral": {"intermediate_size": 128, "sliding_window": 6},
+    "mixtral": {"intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen3_moe": {"intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
+                  "num_experts_per_tok": 2, "decoder_sparse_step": 1},
+    # Attention sinks, alternating sliding-window / full layers, experts, YaRN rope.
+    "gpt_oss": {"intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "head_dim": 16, "sliding_window": 6,
+                "layer_types": ["sliding_attention", "full_attention"]},
+    # Same attribute names as Llama but norms after attention and MLP: fast path must refuse.
+    "olmo2": {"intermediate_size": 128},
+}
+PROMPTS = [[5, 17, 33, 2, 9, 41, 7, 60, 12, 3, 88, 19], [70, 4], [11, 23, 5, 99, 64, 31, 8]]
+BUDGETS = [10, 7, 12]
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def tiny(model_type: str) -> Any:
+    config = transformers.AutoConfig.for_model(model_type, **COMMON, **ARCHITECTURES[model_type])
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, attn_implementation="eager")
+    return model.eval()
+
+
+def reference(model: Any, prompt: list[int], budget: int) -> tuple[list[int], list[float]]:
+    ids = list(prompt)
+    tokens, logprobs = [], []
+    with torch.no_grad():
+        for _ in range(budget):
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+            token = int(torch.argmax(logits))
+            tokens.append(token)
+            logprobs.append(float(torch.log_softmax(logits, -1)[token]))
+            ids.append(token)
+    return tokens, logprobs
+
+
+def assert_matches(model: Any, outs: list[Any], prompts: list[list[int]], budgets: list[int]) -> None:
+    for prompt, budget, out in zip(prompts, budgets, outs, strict=True):
+        tokens, logprobs = reference(model, prompt, budget)
+        assert out.token_ids == tokens
+        assert out.logprobs == pytest.approx(logprobs, abs=1e-4)
+
+
+FAST = [t for t in ARCHITECTURES if t != "olmo2"]
+
+
+@pytest.mark.parametrize("model_type", FAST)
+def test_fast_decoder_matches_eager_reference(model_type: str) -> None:
+    model = tiny(model_type)
+    # Two rows for three prompts: the third is admitted when a row frees (continuous batching).
+    decoder = FastDecoder(model, rows=2, max_length=64, sync_every=3)
+    outs = decoder.generate(PROMPTS, BUDGETS, GREEDY)
+    assert_matches(model, outs, PROMPTS, BUDGETS)
+
+
+@pytest.mark.parametrize("model_type", list(ARCHITECTURES))
+def test_general_decoder_matches_eager_reference(model_type: str) -> None:
+    model = tiny(model_type)
+    outs = GeneralDecoder(model, rows=4, max_length=64).generate(PROMPTS, BUDGETS, GREEDY)
+    assert_matches(model, outs, PROMPTS, BUDGETS)
+
+
+def test_unsupported_architecture_goes_to_the_general_decoder() -> None:
+    model = tiny("olmo2")
+    with pytest.raises(UnsupportedModel):
+        FastDecoder(model)
+    assert isinstance(make_decoder(model), GeneralDecoder)
+    assert isinstance(make_decoder(tiny("gpt_oss")), FastDecoder)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "gpt_oss"])
+def test_next_turn_reuses_the_cached_prefix(model_type: str) -> None:
+    """Turn 2's prompt = turn 1's prompt + completion + environment text: only the new tokens
+    are prefilled, and the result is what a cold decode gives."""
+    model = tiny(model_type)
+    decoder = FastDecoder(model, rows=2, max_length=96, sync_every=4)
+    prompt1 = PROMPTS[0]
+    [first] = decoder.generate([prompt1], [9], GREEDY, keys=["episode-1"])
+    prompt2 = prompt1 + first.token_ids + [44, 45, 46, 47]
+    [second] = decoder.generate([prompt2], [9], GREEDY, keys=["episode-1"])
+    assert second.reused_tokens == len(prompt1) + len(first.token_ids) - 1
+    assert decoder.reused_tokens == second.reused_tokens
+    assert_matches(model, [second], [prompt2], [9])
+    # After a weight update nothing stale is reused.
+    decoder.invalidate()
+    [again] = decoder.generate([prompt2 + second.token_ids], [3], GREEDY, keys=["episode-1"])
+    assert again.reused_tokens == 0
+
+
+def test_sampling_draws_from_the_tempered_distribution() -> None:
+    """At temperature 0.7 the reported logprob is log softmax(logits / 0.7) of the drawn token."""
+    model = tiny("qwen3")
+    params = SamplingParams(temperature=0.7)
+    outs = FastDecoder(model, rows=4, max_length=64).generate(
+        PROMPTS, BUDGETS, params, generator=torch.Generator().manual_seed(0))
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        ids = torch.tensor([prompt + out.token_ids])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1] / 0.7
+        expected = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt):, None])[:, 0]
+        assert out.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
