@@ -55,3 +55,35 @@ def test_progress_file_schema(tmp_path: Path) -> None:
     assert body["components"] == [{"name": "target_fraction", "mean": 0.5, "std": 0.1,
                                    "zeroVarianceFraction": 0.5}]
     assert body["updatedAt"].endswith("Z")
+
+
+def test_reads_the_operators_attempt_number(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run_spec("bucket-a")))
+    base = {"MTRL_CONFIG": str(path), **QUEUES}
+    assert TrainerConfig.from_env({**base, "MTRL_ATTEMPT": "3"}).operator_attempt == 3
+    assert TrainerConfig.from_env(base).operator_attempt is None
+    with pytest.raises(ConfigError, match="MTRL_ATTEMPT"):
+        TrainerConfig.from_env({**base, "MTRL_ATTEMPT": "three"})
+
+
+def test_progress_carries_the_attempt_and_the_final_outcome(tmp_path: Path) -> None:
+    """The operator reads both from the progress ConfigMap when the workload is gone."""
+    path = tmp_path / "progress.json"
+    progress = Progress([FileSink(path)], attempt=2)
+    progress.report(ProgressReport(
+        step=10, total_steps=10, reward_mean=0.5, reward_std=0.1, success_rate=None,
+        zero_variance_fraction=None, validation_success_rate=None, tokens_per_second=None,
+        components=[], policy_version=10))
+    body = json.loads(path.read_text())
+    assert body["attempt"] == 2 and "outcome" not in body
+    progress.succeeded(10, 10)
+    final = json.loads(path.read_text())
+    assert final["outcome"] == "Succeeded" and final["attempt"] == 2
+    assert final["step"] == 10 and final["rewardMean"] == 0.5
+    # A resumed trainer that finds the run already done reports its outcome at once.
+    resumed = tmp_path / "resumed.json"
+    Progress([FileSink(resumed)], attempt=3).succeeded(10, 10)
+    assert json.loads(resumed.read_text()) | {"updatedAt": ""} == {
+        "step": 10, "totalSteps": 10, "components": [], "policyVersion": 10,
+        "outcome": "Succeeded", "attempt": 3, "updatedAt": ""}

@@ -40,6 +40,7 @@ class TrainerConfig:
     device: str | None
     collect_grace_s: float
     attempt: str  # unique per process start; keeps sample ids of attempts apart
+    operator_attempt: int | None = None  # the operator's attempt number (MTRL_ATTEMPT)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TrainerConfig:
@@ -63,6 +64,9 @@ class TrainerConfig:
         except ValueError:
             problems.append("MTRL_COLLECT_GRACE_S: not a number")
             grace = DEFAULT_COLLECT_GRACE_S
+        operator_attempt = env.get("MTRL_ATTEMPT") or None
+        if operator_attempt is not None and not operator_attempt.isdigit():
+            problems.append("MTRL_ATTEMPT: not a whole number")
         if problems or spec is None:
             raise ConfigError("invalid trainer configuration: " + "; ".join(problems))
         progress = env.get("MTRL_PROGRESS_FILE")
@@ -80,4 +84,5 @@ class TrainerConfig:
             device=env.get("MTRL_DEVICE") or None,
             collect_grace_s=grace,
             attempt=uuid.uuid4().hex[:8],
+            operator_attempt=int(operator_attempt) if operator_attempt else None,
         )

@@ -135,8 +135,12 @@ class Run:
         serving = threading.Thread(target=lambda: asyncio.run(serve_share(endpoint, rank, sample)),
                                    name="share", daemon=True)
         serving.start()
-        for step in range(self.state.step, self.config.spec.grpo.max_steps):
+        total = self.config.spec.grpo.max_steps
+        for step in range(self.state.step, total):
             self._update(broadcast(None, self.world), step + 1)
+            # Every rank logs a step line: HyperPod's log monitoring watches each node's
+            # workers, and a node without one would look hung (builders/trainer.py).
+            log.info("step %d/%d rank %d", step + 1, total, rank)
         serving.join()  # rank 0 hangs up once the run (and its last validation) is done
         self.service.close()
 
@@ -163,12 +167,13 @@ class Run:
             episode_timeout_s=spec.rollout.episode_timeout_seconds,
             collect_grace_s=config.collect_grace_s, max_staleness=grpo.max_staleness,
         ), outbox, collector, codec)
-        progress = Progress(self._sinks())
+        progress = Progress(self._sinks(), attempt=config.operator_attempt)
         stop = asyncio.Event()
         serving = asyncio.create_task(server.serve(stop))
         try:
             for step in range(self.state.step, grpo.max_steps):
                 await self._step(step, tasks, orchestrator, service, progress)
+            progress.succeeded(self.state.step, grpo.max_steps)  # the last checkpoint is saved
         finally:
             stop.set()
             await serving

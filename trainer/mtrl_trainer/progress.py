@@ -3,8 +3,11 @@
 The operator creates the ConfigMap (named in MTRL_PROGRESS_CONFIGMAP) with a Role that lets the
 trainer's ServiceAccount get and patch that one object, watches it, and copies
 `progress.json` into the run's status; the schema is the status' `progress` in camelCase plus
-`policyVersion`. A failed report is logged and
-never stops training: progress is advisory, checkpoints are the record.
+`policyVersion`, `attempt` (the operator's attempt number, MTRL_ATTEMPT) and, once training
+finished and its last checkpoint is saved, `outcome: "Succeeded"`. The ConfigMap outlives the
+trainer's workload, so the operator learns how an attempt ended even when something (a
+HyperPodPyTorchJob's ttlSecondsAfterFinished of 0) deleted the workload first. A failed report
+is logged and never stops training: progress is advisory, checkpoints are the record.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class ProgressReport:
                 for c in self.components
             ],
             "policyVersion": self.policy_version,
-            "updatedAt": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "updatedAt": _now(),
         }
 
 
@@ -97,12 +100,33 @@ class ConfigMapSink:
                            patch_type=PatchType.MERGE)
 
 
+SUCCEEDED = "Succeeded"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
 class Progress:
-    def __init__(self, sinks: list[ProgressSink]) -> None:
+    def __init__(self, sinks: list[ProgressSink], attempt: int | None = None) -> None:
         self.sinks = sinks
+        self.attempt = attempt
+        self._last: dict[str, Any] | None = None
 
     def report(self, report: ProgressReport) -> None:
-        body = report.to_json()
+        self._send(report.to_json())
+
+    def succeeded(self, step: int, total_steps: int) -> None:
+        """The last report again, marked as the outcome: written only after the final
+        checkpoint, so a reader may take it as "this run is done"."""
+        body = self._last or {"step": step, "totalSteps": total_steps, "components": [],
+                              "policyVersion": step}
+        self._send({**body, "outcome": SUCCEEDED, "updatedAt": _now()})
+
+    def _send(self, body: dict[str, Any]) -> None:
+        if self.attempt is not None:
+            body = {**body, "attempt": self.attempt}
+        self._last = body
         for sink in self.sinks:
             try:
                 sink.report(body)
