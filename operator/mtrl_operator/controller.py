@@ -54,7 +54,12 @@ from mtrl_operator.naming import (
     MANAGED_BY,
     RunNames,
 )
-from mtrl_operator.observe import progress_from_configmap, spec_problem, trainer_state
+from mtrl_operator.observe import (
+    progress_from_configmap,
+    spec_problem,
+    trainer_report,
+    trainer_state,
+)
 from mtrl_operator.reconcile import Act, Decision, Observed, TrainerObserved, decide
 from mtrl_operator.settings import Settings
 from mtrl_operator.workqueue import WorkQueue, every
@@ -407,10 +412,24 @@ class Controller:
         if trainers and refs.trainer_name is None:
             kind, name = next(iter(trainers))
             refs.trainer_kind, refs.trainer_name = kind, name
+        progress_cm = self.progress.get(names.uid)
+        if current is None and spec is not None and not deleting and \
+                status.launched_attempt >= status.attempts >= 1:
+            # `decide` would take a missing workload of a launched attempt for one that is gone
+            # for good, so a cache that has not caught up (a restart's first reconcile, a
+            # watch behind a create) must not say so: read both from the API server.
+            kind = spec.trainer.launcher.value
+            live = await self.kube.get(TRAINER_KINDS[kind], names.trainer(status.attempts),
+                                       names.namespace)
+            if live is not None:
+                current = trainer_state(kind, live, status.attempts)
+                trainers = {**trainers, (kind, names.trainer(status.attempts)): live}
+                refs.trainer_kind, refs.trainer_name = kind, names.trainer(status.attempts)
+            progress_cm = await self.kube.get(ConfigMap, names.progress_config_map,
+                                              names.namespace) or progress_cm
         if spec is not None and trainers:
             refs.config_map = names.config_map
-
-        progress_cm = self.progress.get(names.uid)
+        reported_attempt, outcome = trainer_report(progress_cm) if progress_cm else (None, None)
         return Observed(
             now=dt.datetime.now(dt.UTC),
             generation=body["metadata"].get("generation", 0),
@@ -419,6 +438,7 @@ class Controller:
             workers_exist=workers_exist, workers_desired=desired, workers_ready=ready,
             trainer=current, trainers_exist=bool(trainers), resources=refs,
             progress=progress_from_configmap(progress_cm) if progress_cm else None,
+            namespace=names.namespace, reported_attempt=reported_attempt, trainer_outcome=outcome,
         )
 
     async def _ecs_tasks(self, names: RunNames, spec: MultiTurnRLRunSpec | None) -> list[WorkerTask]:

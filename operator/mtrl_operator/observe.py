@@ -20,6 +20,14 @@ FARGATE_MEMORY = {
 }
 
 
+# What the newest condition of a PyTorchJob or HyperPodPyTorchJob means. Kubeflow's types are
+# in pkg/apis/kubeflow.org/v1/common_types.go; HyperPod's terminal ones are the recipes
+# launcher's (Completed, Failed), see docs/hyperpod.md.
+_TRAINING_JOB_STATES = {"Succeeded": TrainerState.SUCCEEDED, "Completed": TrainerState.SUCCEEDED,
+                        "Failed": TrainerState.FAILED, "Restarting": TrainerState.RESTARTING,
+                        "Running": TrainerState.RUNNING}
+
+
 def _true_conditions(obj: dict[str, Any]) -> list[str]:
     return [c.get("type", "") for c in (obj.get("status") or {}).get("conditions") or []
             if c.get("status") == "True"]
@@ -32,34 +40,65 @@ def _message(obj: dict[str, Any], type_: str) -> str:
     return ""
 
 
+def newest_true_condition(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The True condition with the latest lastTransitionTime; on a tie, the later in the list.
+
+    A training job's conditions are a history, not a set of facts: after a fault HyperPod
+    recovered from, `Failed=True` can stay in the list below a newer `Running`. AWS's own
+    launcher reads the newest one (sagemaker-hyperpod-recipes,
+    scripts/validations/validation_launchers/k8s_launcher.py: `.status.conditions[-1]`);
+    ranking every True condition by type would let the stale Failed kill a healthy job.
+    RFC 3339 timestamps in UTC ("Z") sort as strings; one without a time sorts first."""
+    true = [(c.get("lastTransitionTime") or "", i, c) for i, c in
+            enumerate((obj.get("status") or {}).get("conditions") or [])
+            if c.get("status") == "True"]
+    return max(true, key=lambda t: (t[0], t[1]))[2] if true else None
+
+
 def trainer_state(kind: str, obj: dict[str, Any], attempt: int) -> TrainerObserved:
-    true = _true_conditions(obj)
     status = obj.get("status") or {}
-    if kind == "Job":
-        if "Complete" in true or "SuccessCriteriaMet" in true:
-            return TrainerObserved(attempt, TrainerState.SUCCEEDED, "the trainer Job completed")
-        if "Failed" in true or "FailureTarget" in true:
-            return TrainerObserved(attempt, TrainerState.FAILED, _message(obj, "Failed")
-                                   or _message(obj, "FailureTarget") or "the trainer Job failed")
-        if (status.get("ready") or 0) > 0:
-            return TrainerObserved(attempt, TrainerState.RUNNING, "")
-        return TrainerObserved(attempt, TrainerState.PENDING, "waiting for trainer pods")
-    # PyTorchJob and HyperPodPyTorchJob: the job controller's conditions, latest first.
-    for type_, state in (("Succeeded", TrainerState.SUCCEEDED), ("Completed", TrainerState.SUCCEEDED),
-                         ("Failed", TrainerState.FAILED), ("Restarting", TrainerState.RESTARTING),
-                         ("Running", TrainerState.RUNNING)):
-        if type_ in true:
-            return TrainerObserved(attempt, state, _message(obj, type_))
-    return TrainerObserved(attempt, TrainerState.PENDING, f"waiting for the {kind} controller")
+    if kind != "Job":
+        newest = newest_true_condition(obj)
+        state = _TRAINING_JOB_STATES.get((newest or {}).get("type", ""))
+        if newest is None or state is None:  # Created, or a type this operator does not know
+            return TrainerObserved(attempt, TrainerState.PENDING,
+                                   f"waiting for the {kind} controller")
+        return TrainerObserved(attempt, state, newest.get("message") or newest.get("reason") or "")
+    true = _true_conditions(obj)
+    if "Complete" in true or "SuccessCriteriaMet" in true:
+        return TrainerObserved(attempt, TrainerState.SUCCEEDED, "the trainer Job completed")
+    if "Failed" in true or "FailureTarget" in true:
+        return TrainerObserved(attempt, TrainerState.FAILED, _message(obj, "Failed")
+                               or _message(obj, "FailureTarget") or "the trainer Job failed")
+    if (status.get("ready") or 0) > 0:
+        return TrainerObserved(attempt, TrainerState.RUNNING, "")
+    return TrainerObserved(attempt, TrainerState.PENDING, "waiting for trainer pods")
+
+
+def _progress_json(obj: dict[str, Any]) -> dict[str, Any]:
+    try:
+        data = json.loads((obj.get("data") or {}).get("progress.json") or "{}")
+    except json.JSONDecodeError:
+        return {}  # a half-written or foreign report is ignored, never fatal
+    return data if isinstance(data, dict) else {}
 
 
 def progress_from_configmap(obj: dict[str, Any]) -> Progress | None:
-    raw = (obj.get("data") or {}).get("progress.json") or "{}"
+    data = _progress_json(obj)
     try:
-        data = json.loads(raw)
         return Progress.model_validate(data) if data else None
-    except (json.JSONDecodeError, ValidationError):
-        return None  # a half-written or foreign report is ignored, never fatal
+    except ValidationError:
+        return None
+
+
+def trainer_report(obj: dict[str, Any]) -> tuple[int | None, str | None]:
+    """(attempt, outcome) the trainer wrote with its progress: the operator's attempt number
+    it ran as, and "Succeeded" once training finished and its last checkpoint was saved
+    (trainer/mtrl_trainer/progress.py). Both outlive the trainer's workload."""
+    data = _progress_json(obj)
+    attempt, outcome = data.get("attempt"), data.get("outcome")
+    return (attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
+            outcome if isinstance(outcome, str) else None)
 
 
 @functools.cache
@@ -74,6 +113,22 @@ def known_environments() -> frozenset[str]:
     return frozenset(available())
 
 
+@functools.cache
+def reward_components(environment: str) -> tuple[str, ...] | None:
+    """The reward components an environment this distribution ships declares (its
+    `components`, which the workers' `resolve_weights` checks spec.reward against), or None
+    when the operator does not know the environment (an operator-only install, or a plug-in
+    only a custom worker image has)."""
+    try:
+        from mtrl_worker.environments.registry import UnknownEnvironment, environment_class
+    except ImportError:
+        return None
+    try:
+        return tuple(c.name for c in environment_class(environment).components)
+    except (UnknownEnvironment, ImportError):
+        return None
+
+
 def spec_problem(spec: MultiTurnRLRunSpec, settings: Settings) -> tuple[str, str] | None:
     """Checks the schema cannot express; a run that fails one ends Failed with the reason."""
     workers: WorkersSpec = spec.workers
@@ -83,6 +138,15 @@ def spec_problem(spec: MultiTurnRLRunSpec, settings: Settings) -> tuple[str, str
         return ("UnknownEnvironment",
                 f"spec.rollout.environment {spec.rollout.environment!r} is not provided by the "
                 f"default worker image (it has: {', '.join(sorted(envs))})")
+    # Checked whatever the worker image: an image that plays a known environment runs this
+    # distribution's plug-in, and every one of its workers would refuse these weights.
+    known = reward_components(spec.rollout.environment)
+    unknown = [c.name for c in spec.reward.components if known is not None and c.name not in known]
+    if known is not None and unknown:
+        return ("UnknownRewardComponent",
+                f"spec.reward.components {', '.join(map(repr, unknown))} are not reward "
+                f"components of environment {spec.rollout.environment!r} (it has: "
+                f"{', '.join(known)})")
     if workers.backend == WorkerBackend.ECS_FARGATE:
         if not (workers.ecs.subnets or settings.ecs_subnets):
             return ("NoSubnets", "backend ecs-fargate needs subnets: set "

@@ -16,6 +16,7 @@ from enum import StrEnum
 
 from mtrl_operator.api.run import (
     Condition,
+    LauncherKind,
     MultiTurnRLRunSpec,
     MultiTurnRLRunStatus,
     Phase,
@@ -23,6 +24,9 @@ from mtrl_operator.api.run import (
     ResourceRefs,
     WorkersStatus,
 )
+from mtrl_operator.retries import RetryOwner, retry_owner
+
+SUCCEEDED_OUTCOME = "Succeeded"  # what a trainer writes into its progress once training is done
 
 
 class TrainerState(StrEnum):
@@ -79,6 +83,11 @@ class Observed:
     trainers_exist: bool = False  # any attempt's workload
     resources: ResourceRefs = field(default_factory=ResourceRefs)
     progress: Progress | None = None
+    namespace: str = ""  # the run's: whether HyperPod auto-resume applies depends on it
+    # What the trainer wrote into its progress ConfigMap, which outlives the workload: the
+    # attempt that last reported, and "Succeeded" once training finished and was saved.
+    reported_attempt: int | None = None
+    trainer_outcome: str | None = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +202,28 @@ def _reward_collapse(st: _Status, obs: Observed, previous: Progress) -> None:
         st.events.append(Event("Warning", "RewardCollapse", message))
 
 
+_OWNER_TEXT = {RetryOwner.HYPERPOD_AUTO_RESUME: "HyperPod auto-resume",
+               RetryOwner.HYPERPOD_TRAINING_OPERATOR: "the HyperPod training operator"}
+
+
+def _launched_and_gone(st: _Status, obs: Observed, attempt: int) -> bool:
+    """The current attempt's workload existed and is gone. Asked for alone is not enough: the
+    operator may have stopped between recording the attempt and creating it. Seen by a
+    reconcile, or reported from by its trainer, is: then creating it again would run a
+    finished or failed attempt a second time."""
+    if st.s.launched_attempt < attempt:
+        return False
+    return st.s.observed_attempt >= attempt or obs.reported_attempt == attempt
+
+
+def _vanished(spec: MultiTurnRLRunSpec, attempt: int) -> str:
+    kind = spec.trainer.launcher.value
+    ttl = (" (a HyperPodPyTorchJob is deleted by its runPolicy.ttlSecondsAfterFinished)"
+           if spec.trainer.launcher == LauncherKind.HYPERPOD_PYTORCH_JOB else "")
+    return (f"the {kind} of attempt {attempt} was deleted before the operator saw its "
+            f"outcome{ttl}, and its trainer reported no success: counted as a failed attempt")
+
+
 def decide(obs: Observed) -> Decision:
     st = _Status(obs)
     previous_progress = obs.status.progress
@@ -262,6 +293,9 @@ def decide(obs: Observed) -> Decision:
             return wait(actions, requeue=1.0)
         st.cond("TrainerReady", False, "Suspended", "")
         st.cond("WorkersReady", False, "Suspended", "")
+        # The operator deleted the trainer itself: resuming creates the same attempt again.
+        st.s.launched_attempt = min(st.s.launched_attempt, st.s.attempts - 1)
+        st.s.observed_attempt = min(st.s.observed_attempt, st.s.attempts - 1)
         st.phase(Phase.SUSPENDED, "suspended; set spec.lifecycle.suspend=false to resume "
                                   "from the latest checkpoint")
         return wait([])
@@ -290,9 +324,21 @@ def decide(obs: Observed) -> Decision:
     # 3. Trainer, one attempt at a time.
     attempt = st.s.attempts
     trainer = obs.trainer
-    if trainer is None or trainer.attempt != attempt:
-        if obs.trainers_exist:  # an older attempt is still there; remove it first
-            return wait([Act.DELETE_TRAINER], requeue=1.0)
+    if trainer is not None and trainer.attempt == attempt:
+        st.s.observed_attempt = max(st.s.observed_attempt, attempt)
+    elif obs.trainers_exist:  # an older attempt is still there; remove it first
+        return wait([Act.DELETE_TRAINER], requeue=1.0)
+    elif obs.trainer_outcome == SUCCEEDED_OUTCOME:
+        # The workload is gone (a ttlSecondsAfterFinished of 0 deletes a finished
+        # HyperPodPyTorchJob at once), but the trainer recorded that it finished.
+        trainer = TrainerObserved(attempt, TrainerState.SUCCEEDED,
+                                  "the trainer reported that training finished")
+    elif _launched_and_gone(st, obs, attempt):
+        trainer = TrainerObserved(attempt, TrainerState.FAILED, _vanished(spec, attempt))
+    else:
+        # Recorded before the create call (status is written before any action), so a
+        # workload that exists once is never created a second time.
+        st.s.launched_attempt = attempt
         st.cond("TrainerReady", False, "CreatingTrainer", f"attempt {attempt}")
         return wait([Act.ENSURE_TRAINER], requeue=2.0, attempt=attempt)
 
@@ -302,6 +348,14 @@ def decide(obs: Observed) -> Decision:
                                             f"{attempt} attempt(s)")
         return done(_teardown(obs), requeue=0.2)
     if trainer.state == TrainerState.FAILED:
+        owner = retry_owner(spec.trainer.launcher, obs.namespace)
+        if owner != RetryOwner.OPERATOR:
+            st.finish(False, "TrainerFailed",
+                      f"the {spec.trainer.launcher.value} failed after the retries "
+                      f"{_OWNER_TEXT[owner]} makes (trainer.autoResumeMaxRetries="
+                      f"{spec.trainer.auto_resume_max_retries}); the operator does not retry "
+                      f"on top of them: {trainer.message}")
+            return done(_teardown(obs), requeue=0.2)
         failures = attempt
         if failures <= lifecycle.backoff_limit:
             st.s.attempts = attempt + 1
@@ -309,7 +363,7 @@ def decide(obs: Observed) -> Decision:
             st.events.append(Event("Warning", "TrainerFailed",
                                    f"attempt {attempt} failed ({trainer.message}); starting "
                                    f"attempt {attempt + 1} from the latest checkpoint"))
-            return wait([Act.DELETE_TRAINER], requeue=0.5)
+            return wait([Act.DELETE_TRAINER] if obs.trainers_exist else [], requeue=0.5)
         st.finish(False, "BackoffLimitExceeded",
                   f"the trainer failed {failures} time(s), more than backoffLimit "
                   f"{lifecycle.backoff_limit}; last: {trainer.message}")

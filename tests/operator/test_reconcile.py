@@ -5,7 +5,13 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
-from mtrl_operator.api.run import MultiTurnRLRunSpec, MultiTurnRLRunStatus, Phase, Progress
+from mtrl_operator.api.run import (
+    LauncherKind,
+    MultiTurnRLRunSpec,
+    MultiTurnRLRunStatus,
+    Phase,
+    Progress,
+)
 from mtrl_operator.reconcile import Act, Observed, TrainerObserved, TrainerState, decide
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
@@ -149,3 +155,110 @@ def test_conditions_keep_their_transition_time_when_unchanged() -> None:
     t2 = {c.type: c.last_transition_time for c in d2.status.conditions}
     assert t1 == t2
     assert d2.status == d1.status, "no change observed, no status write"
+
+
+# --------------------------------------------------------------------------- vanished workloads
+
+
+def hyperpod_spec(**trainer: object) -> MultiTurnRLRunSpec:
+    spec = SPEC.model_copy(deep=True)
+    spec.trainer.launcher = LauncherKind.HYPERPOD_PYTORCH_JOB
+    for key, value in trainer.items():
+        setattr(spec.trainer, key, value)
+    return spec
+
+
+def test_the_attempt_is_recorded_before_its_workload_is_created() -> None:
+    d = decide(ready())
+    assert d.actions == [Act.ENSURE_TRAINER] and d.status.launched_attempt == 1
+    d = decide(ready(status=d.status, trainer=TrainerObserved(1, TrainerState.PENDING),
+                     trainers_exist=True))
+    assert d.status.observed_attempt == 1 and d.actions == []
+
+
+def test_a_workload_deleted_after_success_was_reported_ends_the_run_succeeded() -> None:
+    """HyperPod's ttlSecondsAfterFinished 0 deleted the job before its Completed was seen;
+    the trainer's outcome in the progress ConfigMap says how it ended."""
+    seen = started(launched_attempt=1, observed_attempt=1)
+    d = decide(ready(spec=hyperpod_spec(), status=seen, reported_attempt=1,
+                     trainer_outcome="Succeeded", progress=Progress(step=100)))
+    assert Act.ENSURE_TRAINER not in d.actions
+    assert d.status.phase == Phase.SUCCEEDED and d.status.attempts == 1
+    assert d.actions == [Act.DELETE_WORKERS]
+    # Even a workload never observed: its trainer said it finished.
+    d = decide(ready(status=started(launched_attempt=1), trainer_outcome="Succeeded"))
+    assert d.status.phase == Phase.SUCCEEDED and Act.ENSURE_TRAINER not in d.actions
+
+
+def test_a_vanished_workload_without_success_is_a_failed_attempt_never_created_again() -> None:
+    seen = started(launched_attempt=1, observed_attempt=1)
+    d = decide(ready(status=seen))  # launcher Job: the operator owns retries
+    assert Act.ENSURE_TRAINER not in d.actions
+    assert d.status.attempts == 2 and d.actions == []
+    [event] = [e for e in d.events if e.reason == "TrainerFailed"]
+    assert "was deleted before the operator saw its outcome" in event.message
+    d = decide(ready(status=d.status))
+    assert d.actions == [Act.ENSURE_TRAINER] and d.attempt == 2
+    assert d.status.launched_attempt == 2
+    # Reported from by its trainer, though never observed by a reconcile: it ran.
+    d = decide(ready(status=started(launched_attempt=1), reported_attempt=1))
+    assert d.status.attempts == 2 and Act.ENSURE_TRAINER not in d.actions
+
+
+def test_vanished_attempts_count_against_the_backoff_limit() -> None:
+    last = started(launched_attempt=2, observed_attempt=2)
+    last.attempts = 2  # backoffLimit 1: the second failure is one too many
+    d = decide(ready(status=last))
+    assert d.status.phase == Phase.FAILED
+    assert next(c for c in d.status.conditions if c.type == "Failed").reason == \
+        "BackoffLimitExceeded"
+
+
+def test_a_launch_interrupted_before_the_create_is_created_after_all() -> None:
+    """The status said "launched" but the operator stopped before the create call: nothing
+    was seen and no trainer reported, so no training ran; creating it is no repeat."""
+    d = decide(ready(status=started(launched_attempt=1)))
+    assert d.actions == [Act.ENSURE_TRAINER] and d.attempt == 1 and d.status.attempts == 1
+
+
+def test_a_vanished_hyperpod_job_fails_the_run_since_hyperpod_owns_its_retries() -> None:
+    seen = started(launched_attempt=1, observed_attempt=1)
+    d = decide(ready(spec=hyperpod_spec(), status=seen))
+    assert d.status.phase == Phase.FAILED and d.status.attempts == 1
+    failed = next(c for c in d.status.conditions if c.type == "Failed")
+    assert failed.reason == "TrainerFailed"
+    assert "ttlSecondsAfterFinished" in failed.message and "does not retry" in failed.message
+
+
+def test_suspension_lets_the_same_attempt_be_created_again_on_resume() -> None:
+    spec = SPEC.model_copy(deep=True)
+    spec.lifecycle.suspend = True
+    seen = started(launched_attempt=1, observed_attempt=1)
+    d = decide(ready(spec=spec, status=seen, workers_exist=False))
+    assert d.status.phase == Phase.SUSPENDED
+    assert d.status.launched_attempt == d.status.observed_attempt == 0
+    d = decide(ready(status=d.status))
+    assert d.actions == [Act.ENSURE_TRAINER] and d.attempt == 1
+
+
+# --------------------------------------------------------------------------- who retries
+
+
+def test_hyperpod_failed_is_final_the_operator_does_not_retry_on_top() -> None:
+    failed = ready(spec=hyperpod_spec(), trainers_exist=True,
+                   trainer=TrainerObserved(1, TrainerState.FAILED, "NCCL timeout"))
+    d = decide(failed)
+    assert d.status.phase == Phase.FAILED and d.status.attempts == 1
+    message = next(c for c in d.status.conditions if c.type == "Failed").message
+    assert "autoResumeMaxRetries=3" in message and "NCCL timeout" in message
+
+
+def test_pytorchjob_retries_belong_to_auto_resume_only_where_it_applies() -> None:
+    spec = SPEC.model_copy(deep=True)
+    spec.trainer.launcher = LauncherKind.PYTORCH_JOB
+    failed = ready(spec=spec, trainers_exist=True,
+                   trainer=TrainerObserved(1, TrainerState.FAILED, "exit 1"))
+    d = decide(replace(failed, namespace="hyperpod-ns-research"))
+    assert d.status.phase == Phase.FAILED and d.status.attempts == 1
+    d = decide(replace(failed, namespace="team-a"))
+    assert d.status.attempts == 2 and d.actions == [Act.DELETE_TRAINER]

@@ -70,6 +70,16 @@ class Kube:
         metrics.RESOURCES_CREATED.labels(kind=manifest["kind"]).inc()
         return True
 
+    async def get(self, resource: Any, name: str, namespace: str) -> dict[str, Any] | None:
+        """A live (quorum) read, never a cache: None when the object does not exist."""
+        try:
+            obj = await self.client.get(resource, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+        return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+
     @mutating("delete {resource.__name__} {namespace}/{name}")
     async def delete(self, resource: Any, name: str, namespace: str) -> None:
         """Delete in the background (children follow); a missing object is already deleted."""

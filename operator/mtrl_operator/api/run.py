@@ -160,7 +160,14 @@ class TrainerSpec(ApiModel):
     restricted_instance_group: bool = False
     """Place pods on a HyperPod restricted instance group (adds its label and toleration)."""
     auto_resume_max_retries: int = Field(3, ge=0, le=100)
-    """HyperPod auto-resume retries for PyTorchJob and HyperPodPyTorchJob launchers."""
+    """Retries HyperPod makes when it owns them (docs/hyperpod.md, "Who retries"):
+    HyperPodPyTorchJob's runPolicy.jobMaxRetryCount, and HyperPod auto-resume's
+    job-max-retry-count for a PyTorchJob in namespace kubeflow or hyperpod*. The operator does
+    not retry on top of them. Default 3."""
+    hang_timeout_seconds: int = Field(1800, ge=60, le=86400)
+    """HyperPodPyTorchJob log monitoring: a trainer that prints no step line for this long
+    (the first one included, which also covers loading the model) is hung, and HyperPod
+    restarts it. Default 1800."""
     shm_size: Quantity = "64Gi"
     """Size of the memory-backed /dev/shm volume for NCCL and data loaders. Default 64Gi."""
     resources: Resources = Field(default_factory=Resources)
@@ -409,8 +416,10 @@ class LifecycleSpec(ApiModel):
     active_deadline_seconds: int | None = Field(None, ge=1, le=31_536_000)
     """Fail the run (DeadlineExceeded) once it has been active this long."""
     backoff_limit: int = Field(3, ge=0, le=100)
-    """Trainer failures retried (each a new attempt resuming from the latest checkpoint)
-    before the run fails. Default 3."""
+    """Trainer failures the operator retries (each a new attempt resuming from the latest
+    checkpoint) before the run fails, where the operator owns retries: launcher Job, and
+    PyTorchJob outside HyperPod auto-resume's namespaces (docs/hyperpod.md, "Who retries").
+    Default 3."""
     ttl_seconds_after_finished: int | None = Field(None, ge=0, le=31_536_000)
     """Delete the run object this long after it finishes. Unset keeps it."""
 
@@ -421,6 +430,13 @@ class SchedulingSpec(ApiModel):
     hyperpod-ns-<team>-localqueue for HyperPod task governance."""
     priority_class: LabelValue | None = None
     """Kueue workload priority class (label kueue.x-k8s.io/priority-class)."""
+    required_topology: Annotated[str, Field(max_length=317, pattern=_QUALIFIED_KEY)] | None = None
+    """Node label of the topology level all trainer pods must share (Kueue topology-aware
+    scheduling, annotation kueue.x-k8s.io/podset-required-topology), e.g.
+    topology.k8s.aws/network-node-layer-3."""
+    preferred_topology: Annotated[str, Field(max_length=317, pattern=_QUALIFIED_KEY)] | None = None
+    """Node label of the topology level trainer pods should share if they can (annotation
+    kueue.x-k8s.io/podset-preferred-topology)."""
 
 
 # ----------------------------------------------------------------------------- spec
@@ -566,6 +582,11 @@ class MultiTurnRLRunStatus(ApiModel):
     """When the run reached Succeeded or Failed."""
     attempts: int = Field(0, ge=0)
     """Trainer attempts started, including the current one."""
+    launched_attempt: int = Field(0, ge=0)
+    """The newest trainer attempt whose workload the operator has asked for, written before
+    the create call: a workload of this attempt that is gone later is never created again."""
+    observed_attempt: int = Field(0, ge=0)
+    """The newest trainer attempt whose workload the operator has seen exist."""
     resources: ResourceRefs = Field(default_factory=ResourceRefs)
     """Everything the operator created for the run."""
     progress: Progress = Field(default_factory=Progress)

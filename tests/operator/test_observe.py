@@ -1,0 +1,104 @@
+"""Pure readings of observed objects: the trainer workload's state, the trainer's own report,
+and the spec checks the schema cannot express."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from mtrl_operator.api.run import MultiTurnRLRunSpec
+from mtrl_operator.observe import (
+    newest_true_condition,
+    reward_components,
+    spec_problem,
+    trainer_report,
+    trainer_state,
+)
+from mtrl_operator.reconcile import TrainerState
+from mtrl_operator.settings import Settings
+
+
+def job(*conditions: tuple[str, str, str | None]) -> dict[str, Any]:
+    """(type, status, lastTransitionTime) in list order."""
+    return {"status": {"conditions": [
+        {"type": t, "status": s, **({"lastTransitionTime": at} if at else {}),
+         "message": f"{t} message"} for t, s, at in conditions]}}
+
+
+@pytest.mark.parametrize("kind", ["PyTorchJob", "HyperPodPyTorchJob"])
+def test_a_stale_failed_does_not_outrank_a_newer_running(kind: str) -> None:
+    """HyperPod recovered from a fault: its Failed stays True in the list, below a newer
+    Running. The newest condition rules, as AWS's own launcher reads it."""
+    recovered = job(("Created", "True", "2026-11-30T10:00:00Z"),
+                    ("Failed", "True", "2026-11-30T10:05:00Z"),
+                    ("Running", "True", "2026-11-30T10:07:00Z"))
+    assert trainer_state(kind, recovered, 1).state == TrainerState.RUNNING
+    # Order in the list does not matter, time does.
+    shuffled = {"status": {"conditions": list(reversed(recovered["status"]["conditions"]))}}
+    assert trainer_state(kind, shuffled, 1).state == TrainerState.RUNNING
+    failed_later = job(("Running", "True", "2026-11-30T10:07:00Z"),
+                       ("Failed", "True", "2026-11-30T10:09:00Z"))
+    observed = trainer_state(kind, failed_later, 1)
+    assert observed.state == TrainerState.FAILED and observed.message == "Failed message"
+
+
+def test_ties_go_to_the_later_in_the_list_and_timeless_ones_sort_first() -> None:
+    tie = job(("Running", "True", "2026-11-30T10:00:00Z"),
+              ("Completed", "True", "2026-11-30T10:00:00Z"))
+    assert newest_true_condition(tie)["type"] == "Completed"
+    untimed = job(("Completed", "True", None), ("Running", "True", "2026-11-30T10:00:00Z"))
+    assert newest_true_condition(untimed)["type"] == "Running"
+    assert newest_true_condition(job(("Running", "False", "2026-11-30T10:00:00Z"))) is None
+
+
+def test_created_or_unknown_newest_conditions_are_pending() -> None:
+    assert trainer_state("HyperPodPyTorchJob", job(("Created", "True", "2026-11-30T10:00:00Z")),
+                         1).state == TrainerState.PENDING
+    assert trainer_state("HyperPodPyTorchJob", job(("Running", "True", "2026-11-30T10:00:00Z"),
+                                                   ("Fault", "True", "2026-11-30T10:01:00Z")),
+                         1).state == TrainerState.PENDING
+    assert trainer_state("PyTorchJob", {}, 1).state == TrainerState.PENDING
+
+
+def configmap(body: Any) -> dict[str, Any]:
+    return {"data": {"progress.json": body if isinstance(body, str) else json.dumps(body)}}
+
+
+def test_trainer_report_reads_the_attempt_and_outcome_and_ignores_junk() -> None:
+    assert trainer_report(configmap({"step": 3, "attempt": 2, "outcome": "Succeeded"})) == \
+        (2, "Succeeded")
+    assert trainer_report(configmap({"step": 3})) == (None, None)
+    assert trainer_report(configmap("{half")) == (None, None)
+    assert trainer_report(configmap([1])) == (None, None)
+    assert trainer_report(configmap({"attempt": True, "outcome": 1})) == (None, None)
+    assert trainer_report({}) == (None, None)
+
+
+def spec(environment: str, *components: str, image: str | None = None) -> MultiTurnRLRunSpec:
+    workers: dict[str, Any] = {"backend": "kubernetes"}
+    if image:
+        workers["image"] = image
+    return MultiTurnRLRunSpec.model_validate({
+        "model": {"name": "m"}, "rollout": {"environment": environment},
+        "dataset": {"generated": {}}, "output": {"s3Uri": "s3://bucket/out"},
+        "workers": workers, "reward": {"components": [{"name": c} for c in components]}})
+
+
+def test_unknown_reward_components_fail_the_run_listing_the_known_ones() -> None:
+    settings = Settings()
+    problem = spec_problem(spec("wordle", "win", "solved", "guesses_left"), settings)
+    assert problem is not None
+    reason, message = problem
+    assert reason == "UnknownRewardComponent"
+    assert "'win', 'guesses_left'" in message
+    assert message.endswith("(it has: solved, speed, made_valid_guess, letter_progress, "
+                            "invalid_guesses, repeated_guesses)")
+    # A custom image that plays a known environment runs this distribution's plug-in.
+    assert spec_problem(spec("wordle", "win", image="example.com/w:1"), settings)[0] == \
+        "UnknownRewardComponent"
+    assert spec_problem(spec("wordle", "solved", "invalid_guesses"), settings) is None
+    # An environment only a custom image has: its components are its own business.
+    assert spec_problem(spec("chess", "mate", image="example.com/w:1"), settings) is None
+    assert reward_components("chess") is None
