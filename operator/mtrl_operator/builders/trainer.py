@@ -9,10 +9,12 @@ from typing import Any
 from mtrl_operator.api.run import LauncherKind, MultiTurnRLRunSpec
 from mtrl_operator.builders.env import CONFIG_DIR, CONFIG_FILE, as_k8s
 from mtrl_operator.naming import PROGRESS_KEY, RunNames
+from mtrl_operator.retries import RetryOwner, retry_owner
 
 RENDEZVOUS_PORT = 29500
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
+DEEP_HEALTH_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
 INSTANCE_GROUP_TYPE_LABEL = "sagemaker.amazonaws.com/instance-group-type"
 RESTRICTED_TOLERATION = {"key": "sagemaker.amazonaws.com/RestrictedNode", "operator": "Equal",
                          "value": "Worker", "effect": "NoSchedule"}
@@ -20,6 +22,25 @@ AUTO_RESUME = "sagemaker.amazonaws.com/enable-job-auto-resume"
 AUTO_RESUME_RETRIES = "sagemaker.amazonaws.com/job-max-retry-count"
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY = "kueue.x-k8s.io/priority-class"
+KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+# Kubeflow's PyTorchJob controller takes MASTER_PORT from the container port of this name in
+# the container named "pytorch" (training-operator pkg/controller.v1/pytorch/envvar.go).
+PYTORCHJOB_PORT_NAME = "pytorchjob-port"
+# HyperPodPyTorchJob pods run the HyperPod elastic agent (PyPI hyperpod-elastic-agent), which
+# serves the HyperPod training operator on this port: rendezvous (/start with rank, nnodes and
+# master address), stop and status all come through it (AWS docs' example job: "the port that
+# HyperPodElasticAgent listens to"; the agent's --server-port default).
+ELASTIC_AGENT_PORT = 8080
+ELASTIC_AGENT_LOG_DIR = "/tmp/hyperpod"  # workers' logs, which the agent's log monitoring reads
+# The HyperPod CLI's model defaults ttlSecondsAfterFinished to 0: a finished job would be
+# deleted at once, possibly before this operator read its outcome. The operator deletes the job
+# itself as the first step of a run's teardown; this is the margin it has to do so.
+HYPERPOD_TTL_SECONDS = 3600
+RESTART_EVAL_PERIOD_SECONDS = 86400  # HyperPod counts restarts within this window
+# The line the trainer logs after every optimizer step, on every rank (trainer/mtrl_trainer/
+# loop.py): HyperPod's log monitoring calls a job that prints none for a while hung.
+STEP_LOG_PATTERN = r".*mtrl_trainer\.loop: step (\d+)/\d+ .*"
 
 
 def config_map(names: RunNames, spec: MultiTurnRLRunSpec, owner: dict[str, Any]) -> dict[str, Any]:
@@ -55,17 +76,36 @@ def progress_channel(names: RunNames, spec: MultiTurnRLRunSpec,
     ]
 
 
+def _hyperpodrun(spec: MultiTurnRLRunSpec) -> list[str]:
+    """The HyperPod elastic agent as PID 1 (exec form, so SIGTERM reaches it, as its README
+    requires). It takes torchrun's arguments; rendezvous is the HyperPod training operator's
+    (`--rdzv-backend hyperpod`, forced by the agent): no endpoint to pass."""
+    trainer = spec.trainer
+    return ["hyperpodrun", f"--nnodes={trainer.nodes}",
+            f"--nproc-per-node={max(trainer.gpus_per_node, 1)}",
+            f"--server-port={ELASTIC_AGENT_PORT}", "--redirects=3", "--tee=3",
+            f"--log-dir={ELASTIC_AGENT_LOG_DIR}", "-m", "mtrl_trainer"]
+
+
 def _command(spec: MultiTurnRLRunSpec, rendezvous: str | None) -> list[str]:
     trainer = spec.trainer
     if trainer.command:
         return list(trainer.command)
+    if trainer.launcher == LauncherKind.HYPERPOD_PYTORCH_JOB:
+        return _hyperpodrun(spec)
     procs = max(trainer.gpus_per_node, 1)
     if trainer.nodes == 1 and procs == 1:
         return ["mtrl", "trainer"]
     if trainer.nodes == 1:
         return ["torchrun", "--standalone", f"--nproc-per-node={procs}", "-m", "mtrl_trainer"]
     cmd = ["torchrun", f"--nnodes={trainer.nodes}", f"--nproc-per-node={procs}"]
-    if rendezvous:
+    if trainer.launcher == LauncherKind.PYTORCH_JOB:
+        # Static rendezvous at the master pod, from the variables Kubeflow's controller sets in
+        # every replica (envvar.go: MASTER_ADDR, MASTER_PORT, PET_NODE_RANK); the kubelet
+        # expands $(VAR) from the container's environment.
+        cmd += ["--node-rank=$(PET_NODE_RANK)", "--master-addr=$(MASTER_ADDR)",
+                "--master-port=$(MASTER_PORT)"]
+    elif rendezvous:
         cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rendezvous}"]
     return [*cmd, "-m", "mtrl_trainer"]
 
@@ -78,13 +118,50 @@ def _affinity(spec: MultiTurnRLRunSpec) -> dict[str, Any]:
     if spec.trainer.restricted_instance_group:
         terms.append({"key": INSTANCE_GROUP_TYPE_LABEL, "operator": "In",
                       "values": ["Restricted"]})
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": terms}]}}}
+    # As the HyperPod CLI's default affinity: nodes whose deep health check passed first.
+    preferred = [{"weight": 100, "preference": {"matchExpressions": [
+        {"key": DEEP_HEALTH_LABEL, "operator": "In", "values": ["Passed"]}]}}]
+    return {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": terms}]},
+        "preferredDuringSchedulingIgnoredDuringExecution": preferred}}
+
+
+def _ports(launcher: LauncherKind) -> list[dict[str, Any]]:
+    if launcher == LauncherKind.HYPERPOD_PYTORCH_JOB:
+        return [{"name": "elastic-agent", "containerPort": ELASTIC_AGENT_PORT}]
+    if launcher == LauncherKind.PYTORCH_JOB:
+        return [{"name": PYTORCHJOB_PORT_NAME, "containerPort": RENDEZVOUS_PORT}]
+    return [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}]
+
+
+def _kueue_labels(spec: MultiTurnRLRunSpec) -> dict[str, str]:
+    labels = {}
+    if spec.scheduling.queue_name:
+        labels[KUEUE_QUEUE] = spec.scheduling.queue_name
+    if spec.scheduling.priority_class:
+        labels[KUEUE_PRIORITY] = spec.scheduling.priority_class
+    return labels
+
+
+def _topology(spec: MultiTurnRLRunSpec) -> dict[str, str]:
+    """Kueue topology-aware scheduling reads these from the pod template; the HyperPod CLI
+    writes them on the job as well."""
+    out = {}
+    if spec.scheduling.required_topology:
+        out[KUEUE_REQUIRED_TOPOLOGY] = spec.scheduling.required_topology
+    if spec.scheduling.preferred_topology:
+        out[KUEUE_PREFERRED_TOPOLOGY] = spec.scheduling.preferred_topology
+    return out
 
 
 def pod_template(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str], attempt: int,
-                 rendezvous: str | None = None, container_name: str = "trainer") -> dict[str, Any]:
+                 rendezvous: str | None = None, container_name: str = "trainer",
+                 restart_policy: str = "Never") -> dict[str, Any]:
     trainer = spec.trainer
+    if trainer.launcher == LauncherKind.HYPERPOD_PYTORCH_JOB:
+        # The elastic agent's rendezvous backend reads the node count from NNODES at start.
+        env = {**env, "NNODES": str(trainer.nodes)}
     limits: dict[str, Any] = dict(trainer.resources.limits)
     requests: dict[str, Any] = dict(trainer.resources.requests)
     if trainer.gpus_per_node:
@@ -98,7 +175,7 @@ def pod_template(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
     if trainer.restricted_instance_group:
         tolerations.append(RESTRICTED_TOLERATION)
     pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
+        "restartPolicy": restart_policy,
         "terminationGracePeriodSeconds": 60,  # SIGTERM writes a last checkpoint
         "affinity": _affinity(spec),
         "tolerations": tolerations,
@@ -115,7 +192,7 @@ def pod_template(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
             "resources": {"limits": limits, "requests": requests},
             "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                              {"name": "dshm", "mountPath": "/dev/shm"}],
-            "ports": [{"name": "rendezvous", "containerPort": RENDEZVOUS_PORT}],
+            "ports": _ports(trainer.launcher),
         }],
         "volumes": [
             {"name": "config", "configMap": {"name": names.config_map}},
@@ -125,16 +202,17 @@ def pod_template(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
     if trainer.service_account_name:
         pod_spec["serviceAccountName"] = trainer.service_account_name
     labels = {**names.labels("trainer"), "mtrl.dev/attempt": str(attempt)}
-    return {"metadata": {"labels": labels}, "spec": pod_spec}
+    if trainer.launcher == LauncherKind.HYPERPOD_PYTORCH_JOB:
+        labels |= _kueue_labels(spec)  # as the HyperPod CLI's template does
+    metadata: dict[str, Any] = {"labels": labels}
+    if topology := _topology(spec):
+        metadata["annotations"] = topology
+    return {"metadata": metadata, "spec": pod_spec}
 
 
 def _workload_meta(names: RunNames, spec: MultiTurnRLRunSpec, attempt: int,
                    owner: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    labels = {**names.labels("trainer"), "mtrl.dev/attempt": str(attempt)}
-    if spec.scheduling.queue_name:
-        labels[KUEUE_QUEUE] = spec.scheduling.queue_name
-    if spec.scheduling.priority_class:
-        labels[KUEUE_PRIORITY] = spec.scheduling.priority_class
+    labels = {**names.labels("trainer"), "mtrl.dev/attempt": str(attempt), **_kueue_labels(spec)}
     meta: dict[str, Any] = {"name": names.trainer(attempt), "namespace": names.namespace,
                             "labels": labels, "ownerReferences": [owner]}
     if annotations:
@@ -168,31 +246,59 @@ def workload(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str], att
                  "template": template,
              }},
         ]
-    auto_resume = {AUTO_RESUME: "true",
-                   AUTO_RESUME_RETRIES: str(spec.trainer.auto_resume_max_retries)}
     if kind == LauncherKind.PYTORCH_JOB:
-        replicas: dict[str, Any] = {"Master": {
-            "replicas": 1, "restartPolicy": "OnFailure",
-            "template": pod_template(names, spec, env, attempt, container_name="pytorch")}}
-        if spec.trainer.nodes > 1:
-            replicas["Worker"] = {
-                "replicas": spec.trainer.nodes - 1, "restartPolicy": "OnFailure",
-                "template": pod_template(names, spec, env, attempt, container_name="pytorch")}
-        return [{
-            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-            "metadata": _workload_meta(names, spec, attempt, owner, auto_resume),
-            "spec": {"pytorchReplicaSpecs": replicas,
-                     "nprocPerNode": str(max(spec.trainer.gpus_per_node, 1)),
-                     "runPolicy": {"cleanPodPolicy": "All", "backoffLimit": 0}},
-        }]
+        return [_pytorch_job(names, spec, env, attempt, owner)]
+    retries, hang = spec.trainer.auto_resume_max_retries, spec.trainer.hang_timeout_seconds
+    # restartPolicy Never: a pod whose agent exited is the HyperPod operator's to replace; the
+    # kubelet restarting a finished trainer would train again.
+    template = pod_template(names, spec, env, attempt)
     return [{
         "apiVersion": "sagemaker.amazonaws.com/v1", "kind": "HyperPodPyTorchJob",
-        "metadata": _workload_meta(names, spec, attempt, owner),
+        "metadata": _workload_meta(names, spec, attempt, owner, _topology(spec)),
         "spec": {
             "nprocPerNode": str(max(spec.trainer.gpus_per_node, 1)),
-            "runPolicy": {"jobMaxRetryCount": spec.trainer.auto_resume_max_retries,
-                          "cleanPodPolicy": "All"},
+            "runPolicy": {
+                "cleanPodPolicy": "All",
+                "ttlSecondsAfterFinished": HYPERPOD_TTL_SECONDS,
+                # HyperPod owns retries for this launcher (mtrl_operator.retries): process
+                # restarts, then full job restarts, all within the one budget.
+                "jobMaxRetryCount": retries,
+                "restartPolicy": {"numRestartBeforeFullJobRestart": retries,
+                                  "maxFullJobRestarts": retries,
+                                  "evalPeriodSeconds": RESTART_EVAL_PERIOD_SECONDS},
+                "logMonitoringConfiguration": [{
+                    "name": "TrainerStep", "logPattern": STEP_LOG_PATTERN,
+                    "expectedStartCutOffInSeconds": hang,
+                    "expectedRecurringFrequencyInSeconds": hang}],
+            },
             "replicaSpecs": [{"name": "trainer", "replicas": spec.trainer.nodes,
-                              "template": pod_template(names, spec, env, attempt)}],
+                              "template": template}],
         },
     }]
+
+
+def _pytorch_job(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str], attempt: int,
+                 owner: dict[str, Any]) -> dict[str, Any]:
+    """Under HyperPod auto-resume (namespace kubeflow or hyperpod*), HyperPod owns retries: AWS
+    requires restartPolicy OnFailure for it, and backoffLimit 0 makes the first container
+    restart a job failure for auto-resume to handle, not a retry of its own. Elsewhere the
+    operator owns them: no container restarts, no auto-resume annotations."""
+    resumed = retry_owner(spec.trainer.launcher, names.namespace) == \
+        RetryOwner.HYPERPOD_AUTO_RESUME
+    policy = "OnFailure" if resumed else "Never"
+    template = pod_template(names, spec, env, attempt, container_name="pytorch",
+                            restart_policy=policy)
+    replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": policy,
+                                           "template": template}}
+    if spec.trainer.nodes > 1:
+        replicas["Worker"] = {"replicas": spec.trainer.nodes - 1, "restartPolicy": policy,
+                              "template": template}
+    annotations = {AUTO_RESUME: "true",
+                   AUTO_RESUME_RETRIES: str(spec.trainer.auto_resume_max_retries)}
+    return {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": _workload_meta(names, spec, attempt, owner, annotations if resumed else None),
+        "spec": {"pytorchReplicaSpecs": replicas,
+                 "nprocPerNode": str(max(spec.trainer.gpus_per_node, 1)),
+                 "runPolicy": {"cleanPodPolicy": "All", "backoffLimit": 0}},
+    }

@@ -1,0 +1,199 @@
+"""Trainer workloads as pure functions: what each launcher renders, checked against what the
+systems that run them expect (docs/hyperpod.md cites the sources)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mtrl_operator.api.run import MultiTurnRLRunSpec
+from mtrl_operator.builders.trainer import (
+    ELASTIC_AGENT_PORT,
+    STEP_LOG_PATTERN,
+    pod_template,
+    workload,
+)
+from mtrl_operator.naming import RunNames
+
+REPO = Path(__file__).resolve().parents[3]
+OWNER = {"apiVersion": "mtrl.dev/v1alpha1", "kind": "MultiTurnRLRun", "name": "wordle",
+         "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}
+
+
+def spec(launcher: str, nodes: int = 2, **extra: Any) -> MultiTurnRLRunSpec:
+    return MultiTurnRLRunSpec.model_validate({
+        "model": {"name": "Qwen/Qwen3-8B"}, "rollout": {"environment": "wordle"},
+        "dataset": {"generated": {}}, "output": {"s3Uri": "s3://bucket/runs/wordle"},
+        "trainer": {"launcher": launcher, "nodes": nodes, "autoResumeMaxRetries": 2},
+        **extra})
+
+
+def render(launcher: str, namespace: str = "team-a", **kw: Any) -> dict[str, Any]:
+    names = RunNames(namespace, "wordle", "uid-1")
+    return workload(names, spec(launcher, **kw), {"MTRL_RUN_ID": "uid-1"}, 1, OWNER)[-1]
+
+
+def container(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    return pod_spec["containers"][0]
+
+
+def env(pod_spec: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container(pod_spec)["env"]}
+
+
+# --------------------------------------------------------------------------- HyperPodPyTorchJob
+
+
+def test_hyperpod_pods_run_the_elastic_agent_as_pid_1_on_its_port() -> None:
+    job = render("HyperPodPyTorchJob")
+    pod = job["spec"]["replicaSpecs"][0]["template"]["spec"]
+    command = container(pod)["command"]
+    assert command[0] == "hyperpodrun"  # exec form: no shell in between to swallow SIGTERM
+    assert "--nnodes=2" in command and "--nproc-per-node=8" in command
+    assert not any(a.startswith(("--rdzv-endpoint", "--rdzv-backend")) for a in command)
+    assert {"name": "elastic-agent", "containerPort": ELASTIC_AGENT_PORT} in \
+        container(pod)["ports"]
+    assert ELASTIC_AGENT_PORT == 8080
+    assert env(pod)["NNODES"] == "2"  # the agent's rendezvous backend reads it at start
+    assert job["spec"]["nprocPerNode"] == "8"
+
+
+def hyperpodrun_parser() -> argparse.ArgumentParser:
+    """torchrun's own parser plus the arguments the HyperPod elastic agent's README adds: the
+    agent "supports all of the original arguments" of torchrun."""
+    run = pytest.importorskip("torch.distributed.run")
+    parser = run.get_args_parser()
+    for flag in ("--shutdown-signal", "--shutdown-timeout", "--server-host", "--server-port",
+                 "--server-log-level", "--server-shutdown-timeout", "--pre-train-script",
+                 "--pre-train-args", "--post-train-script", "--post-train-args",
+                 "--inprocess-timeout"):
+        if flag not in parser._option_string_actions:  # newer torchrun has some of them
+            parser.add_argument(flag)
+    parser.add_argument("--inprocess-restart", action="store_true")
+    return parser
+
+
+def test_the_hyperpodrun_command_line_parses_as_the_agent_parses_it() -> None:
+    job = render("HyperPodPyTorchJob")
+    command = container(job["spec"]["replicaSpecs"][0]["template"]["spec"])["command"]
+    args = hyperpodrun_parser().parse_args(command[1:])
+    assert (args.nnodes, args.nproc_per_node, args.server_port) == ("2", "8", "8080")
+    assert args.module and args.training_script == "mtrl_trainer"
+    assert (args.redirects, args.tee) == ("3", "3") and args.log_dir == "/tmp/hyperpod"
+
+
+def test_hyperpod_run_policy_sets_ttl_retries_and_hang_detection() -> None:
+    policy = render("HyperPodPyTorchJob")["spec"]["runPolicy"]
+    # The CLI model's default 0 would delete a finished job at once.
+    assert policy["ttlSecondsAfterFinished"] > 0
+    assert policy["jobMaxRetryCount"] == 2
+    assert policy["restartPolicy"]["maxFullJobRestarts"] == 2
+    assert policy["restartPolicy"]["numRestartBeforeFullJobRestart"] == 2
+    assert policy["restartPolicy"]["evalPeriodSeconds"] > 0
+    [rule] = policy["logMonitoringConfiguration"]
+    assert rule["expectedRecurringFrequencyInSeconds"] == 1800
+    assert rule["expectedStartCutOffInSeconds"] == 1800
+    assert rule["logPattern"] == STEP_LOG_PATTERN
+
+
+def _source_strings(path: str, pattern: str) -> list[str]:
+    return re.findall(pattern, (REPO / path).read_text())
+
+
+def test_the_step_pattern_matches_every_ranks_step_line() -> None:
+    """The trainer's log format and step messages, read from its source, formatted as its
+    logging prints them: every rank's line must match HyperPod's rule."""
+    [fmt] = _source_strings("trainer/mtrl_trainer/__main__.py", r'format="([^"]+)"')
+    messages = _source_strings("trainer/mtrl_trainer/loop.py", r'log\.info\("(step %d/%d[^"]*)"')
+    assert len(messages) == 2, messages  # the leader's and the followers'
+    formatter = logging.Formatter(fmt)
+    for message in messages:
+        args = tuple(1.5 if spec_ == "%.4f" or spec_ == "%.1f" else 3 if spec_ == "%d" else "x"
+                     for spec_ in re.findall(r"%[.\d]*[dfs]", message))
+        record = logging.LogRecord("mtrl_trainer.loop", logging.INFO, "loop.py", 1, message,
+                                   args, None)
+        line = formatter.format(record)
+        match = re.fullmatch(STEP_LOG_PATTERN, line)
+        assert match and match.group(1) == "3", line
+    assert not re.fullmatch(STEP_LOG_PATTERN, "INFO mtrl_trainer: training finished at step 3")
+
+
+def test_hyperpod_kueue_labels_and_topology_go_on_the_job_and_the_pod_template() -> None:
+    job = render("HyperPodPyTorchJob", scheduling={
+        "queueName": "hyperpod-ns-research-localqueue", "priorityClass": "training-priority",
+        "requiredTopology": "topology.k8s.aws/network-node-layer-3"})
+    template = job["spec"]["replicaSpecs"][0]["template"]
+    for meta in (job["metadata"], template["metadata"]):
+        assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-research-localqueue"
+        assert meta["labels"]["kueue.x-k8s.io/priority-class"] == "training-priority"
+        assert meta["annotations"] == {
+            "kueue.x-k8s.io/podset-required-topology": "topology.k8s.aws/network-node-layer-3"}
+
+
+@pytest.mark.parametrize("launcher", ["Job", "PyTorchJob", "HyperPodPyTorchJob"])
+def test_every_launcher_prefers_nodes_whose_deep_health_check_passed(launcher: str) -> None:
+    names = RunNames("team-a", "wordle", "uid-1")
+    affinity = pod_template(names, spec(launcher), {}, 1)["spec"]["affinity"]["nodeAffinity"]
+    assert affinity["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        {"weight": 100, "preference": {"matchExpressions": [
+            {"key": "sagemaker.amazonaws.com/deep-health-check-status", "operator": "In",
+             "values": ["Passed"]}]}}]
+    required = affinity["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": "sagemaker.amazonaws.com/node-health-status", "operator": "In",
+            "values": ["Schedulable"]} in required["nodeSelectorTerms"][0]["matchExpressions"]
+
+
+# --------------------------------------------------------------------------- PyTorchJob
+
+
+def test_a_multi_node_pytorchjob_rendezvous_at_the_master_kubeflow_names() -> None:
+    job = render("PyTorchJob")
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        pod = replica["template"]["spec"]
+        command = container(pod)["command"]
+        assert command[:3] == ["torchrun", "--nnodes=2", "--nproc-per-node=8"]
+        assert {"--node-rank=$(PET_NODE_RANK)", "--master-addr=$(MASTER_ADDR)",
+                "--master-port=$(MASTER_PORT)"} <= set(command)
+        assert container(pod)["name"] == "pytorch"  # Kubeflow looks for this container...
+        assert container(pod)["ports"][0]["name"] == "pytorchjob-port"  # ...and this port
+
+
+def test_the_job_launchers_rendezvous_is_its_first_pod() -> None:
+    job = render("Job")
+    command = container(job["spec"]["template"]["spec"])["command"]
+    assert "--rdzv-endpoint=wordle-t1-0.wordle-t1:29500" in command
+
+
+# --------------------------------------------------------------------------- who retries
+
+
+def test_auto_resume_owns_pytorchjob_retries_in_its_namespaces() -> None:
+    job = render("PyTorchJob", namespace="hyperpod-ns-research")
+    assert job["metadata"]["annotations"] == {
+        "sagemaker.amazonaws.com/enable-job-auto-resume": "true",
+        "sagemaker.amazonaws.com/job-max-retry-count": "2"}
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        # AWS: auto-resume needs OnFailure; backoffLimit 0 hands the first failure to it.
+        assert replica["restartPolicy"] == replica["template"]["spec"]["restartPolicy"] == \
+            "OnFailure"
+    assert job["spec"]["runPolicy"]["backoffLimit"] == 0
+
+
+def test_the_operator_owns_pytorchjob_retries_elsewhere() -> None:
+    job = render("PyTorchJob", namespace="team-a")
+    assert "annotations" not in job["metadata"]
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        assert replica["restartPolicy"] == replica["template"]["spec"]["restartPolicy"] == \
+            "Never"
+    assert job["spec"]["runPolicy"]["backoffLimit"] == 0
+
+
+def test_the_job_launcher_never_retries_by_itself() -> None:
+    job = render("Job")
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
