@@ -5,14 +5,25 @@ training operator runs here, so the test plays its status transitions."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.operator import OperatorProcess
-from tests.operator.runs import apply, get, names_of, run_manifest, wait_clean, wait_for, wait_phase
+from tests.operator.runs import (
+    apply,
+    condition,
+    get,
+    names_of,
+    run_manifest,
+    wait_clean,
+    wait_for,
+    wait_phase,
+)
+from tests.operator.training_operators import StandInTrainingOperators
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "thirdparty-crds"
 pytestmark = [pytest.mark.cluster, pytest.mark.aws, pytest.mark.slow]
@@ -29,6 +40,17 @@ def _set_conditions(cluster: LocalCluster, resource: str, namespace: str, name: 
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     conditions = [{"type": t, "status": "True", "reason": t, "message": f"job {t.lower()}",
                    "lastTransitionTime": now, "lastUpdateTime": now} for t in types]
+    cluster.kubectl("patch", resource, name, "-n", namespace, "--subresource=status",
+                    "--type=merge", "-p", json.dumps({"status": {"conditions": conditions}}))
+
+
+def _set_history(cluster: LocalCluster, resource: str, namespace: str, name: str,
+                 history: list[tuple[str, int]]) -> None:
+    """True conditions with lastTransitionTimes `seconds` after a minute ago."""
+    start = datetime.now(UTC) - timedelta(minutes=1)
+    conditions = [{"type": t, "status": "True", "reason": t, "message": f"job {t.lower()}",
+                   "lastTransitionTime": (start + timedelta(seconds=sec)).strftime(
+                       "%Y-%m-%dT%H:%M:%SZ")} for t, sec in history]
     cluster.kubectl("patch", resource, name, "-n", namespace, "--subresource=status",
                     "--type=merge", "-p", json.dumps({"status": {"conditions": conditions}}))
 
@@ -53,20 +75,35 @@ def test_launcher_lifecycle(cluster: LocalCluster, operator: OperatorProcess, na
                             running: tuple[str, ...], done: tuple[str, ...]) -> None:
     apply(cluster, namespace, run_manifest("gpu", trainer={
         "launcher": launcher, "gpusPerNode": 8, "efaPerNode": 32, "nodes": 2,
-        "restrictedInstanceGroup": True}, scheduling={"queueName": "hyperpod-ns-a-localqueue"}))
+        "restrictedInstanceGroup": True, "command": None},  # the command the operator renders
+        scheduling={"queueName": "hyperpod-ns-a-localqueue"}))
     job = _workload(cluster, resource, namespace)
     meta = job["metadata"]
     assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-a-localqueue"
     assert meta["ownerReferences"][0]["kind"] == "MultiTurnRLRun"
     if launcher == "PyTorchJob":
-        assert meta["annotations"]["sagemaker.amazonaws.com/enable-job-auto-resume"] == "true"
+        # A t-* namespace is not one HyperPod auto-resume acts in: the operator retries, so
+        # nothing else may (docs/hyperpod.md, "Who retries").
+        assert "sagemaker.amazonaws.com/enable-job-auto-resume" not in \
+            (meta.get("annotations") or {})
         specs = job["spec"]["pytorchReplicaSpecs"]
         assert specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 1
+        assert specs["Master"]["restartPolicy"] == specs["Worker"]["restartPolicy"] == "Never"
+        assert job["spec"]["runPolicy"]["backoffLimit"] == 0
         pod = specs["Master"]["template"]["spec"]
+        assert "--master-addr=$(MASTER_ADDR)" in pod["containers"][0]["command"]
     else:
-        assert job["spec"]["runPolicy"]["jobMaxRetryCount"] == 3
+        policy = job["spec"]["runPolicy"]
+        assert policy["jobMaxRetryCount"] == 3 and policy["ttlSecondsAfterFinished"] > 0
         assert job["spec"]["replicaSpecs"][0]["replicas"] == 2
-        pod = job["spec"]["replicaSpecs"][0]["template"]["spec"]
+        template = job["spec"]["replicaSpecs"][0]["template"]
+        assert template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == \
+            "hyperpod-ns-a-localqueue"
+        pod = template["spec"]
+        container = pod["containers"][0]
+        assert container["command"][:2] == ["hyperpodrun", "--nnodes=2"]
+        assert {"name": "elastic-agent", "containerPort": 8080} in \
+            [{k: p[k] for k in ("name", "containerPort")} for p in container["ports"]]
     limits = pod["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] in (8, "8") and limits["vpc.amazonaws.com/efa"] in (32, "32")
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
@@ -79,6 +116,13 @@ def test_launcher_lifecycle(cluster: LocalCluster, operator: OperatorProcess, na
 
     _set_conditions(cluster, resource, namespace, meta["name"], *running)
     wait_phase(cluster, namespace, "gpu", "Running")
+    # A Failed from a fault the job recovered from stays in the list below the newer Running:
+    # the newest condition rules (observe.newest_true_condition).
+    _set_history(cluster, resource, namespace, meta["name"],
+                 [("Created", 0), ("Failed", 10), ("Running", 20)])
+    time.sleep(2)  # nothing to wait for: a run that stays Running
+    run = get(cluster, namespace, "gpu")
+    assert run["status"]["phase"] == "Running" and run["status"]["attempts"] == 1, run["status"]
     _set_conditions(cluster, resource, namespace, meta["name"], *done)
     run = wait_phase(cluster, namespace, "gpu", "Succeeded")
     wait_clean(cluster, names_of(run))
@@ -106,3 +150,55 @@ def test_restarting_then_failed_pytorchjob_is_retried(cluster: LocalCluster,
     run = wait_phase(cluster, namespace, "flaky-gpu", "Succeeded")
     assert run["status"]["attempts"] == 2
     wait_clean(cluster, names_of(run))
+
+
+STANDIN_TRAINER = ["python", "-m", "mtrl_testbed.standin_trainer", "--step-seconds", "0.2"]
+
+
+@pytest.mark.parametrize("report_finish", [True, False], ids=["completed-then-deleted",
+                                                               "deleted-unseen"])
+def test_a_hyperpod_job_deleted_at_once_when_finished_runs_once_and_succeeds(
+        cluster: LocalCluster, operator: OperatorProcess, namespace: str, launcher_crds: None,
+        report_finish: bool) -> None:
+    """HyperPod with ttlSecondsAfterFinished 0 (the CLI model's default) deletes a finished
+    job at once, maybe before this operator saw `Completed`, or (`deleted-unseen`) with no
+    last condition at all. The trainer's own report of its outcome, in the progress ConfigMap,
+    outlives the job: the run succeeds, and the job is never created a second time."""
+    with StandInTrainingOperators(cluster, namespace, delete_finished=True,
+                                  report_finish=report_finish) as hyperpod:
+        apply(cluster, namespace, run_manifest("ttl", trainer={
+            "launcher": "HyperPodPyTorchJob", "command": STANDIN_TRAINER},
+            grpo={"maxSteps": 3}))
+        run = wait_phase(cluster, namespace, "ttl", "Succeeded", timeout=120)
+        # A re-created job would start again within a reconcile; give it the chance to.
+        time.sleep(3)
+        run = get(cluster, namespace, "ttl")
+    assert not hyperpod.errors, hyperpod.errors
+    assert list(hyperpod.seen.values()) == [names_of(run).trainer(1)], hyperpod.seen
+    status = run["status"]
+    assert status["phase"] == "Succeeded" and status["attempts"] == 1, status
+    assert status["launchedAttempt"] == 1 and status["progress"]["step"] == 3, status
+    assert condition(run, "Complete")["reason"] == "TrainingComplete"
+    wait_clean(cluster, names_of(run))
+
+
+def test_a_hyperpod_job_that_vanishes_unfinished_fails_the_run_without_a_second_job(
+        cluster: LocalCluster, operator: OperatorProcess, namespace: str,
+        launcher_crds: None) -> None:
+    """Deleted while running, with no success reported: a failed attempt. HyperPod owns the
+    retries of this launcher, so the run fails, saying why, and nothing is created again."""
+    resource = "hyperpodpytorchjobs.sagemaker.amazonaws.com"
+    apply(cluster, namespace, run_manifest("vanish", trainer={
+        "launcher": "HyperPodPyTorchJob"}))
+    job = _workload(cluster, resource, namespace)["metadata"]["name"]
+    _set_conditions(cluster, resource, namespace, job, "Created", "Running")
+    wait_phase(cluster, namespace, "vanish", "Running")
+    cluster.kubectl("delete", resource, job, "-n", namespace)
+    run = wait_phase(cluster, namespace, "vanish", "Failed")
+    failed = condition(run, "Failed")
+    assert failed["reason"] == "TrainerFailed", failed
+    assert "was deleted before the operator saw its outcome" in failed["message"], failed
+    assert run["status"]["attempts"] == 1
+    time.sleep(2)
+    gone = cluster.kubectl("get", resource, "-n", namespace, "-o", "name").stdout.strip()
+    assert gone == ""
