@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 from importlib.metadata import entry_points
 from typing import Any
@@ -114,6 +115,22 @@ def known_environments() -> frozenset[str]:
 
 
 @functools.cache
+def environment_parameters(environment: str) -> tuple[str, ...] | None:
+    """The keyword arguments a known environment takes (spec.rollout.environmentArgs become
+    them, `Environment(**args)`), or None for one the operator does not know."""
+    try:
+        from mtrl_worker.environments.registry import UnknownEnvironment, environment_class
+    except ImportError:
+        return None
+    try:
+        cls = environment_class(environment)
+    except (UnknownEnvironment, ImportError):
+        return None
+    return tuple(name for name, p in inspect.signature(cls).parameters.items()
+                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+@functools.cache
 def reward_components(environment: str) -> tuple[str, ...] | None:
     """The reward components an environment this distribution ships declares (its
     `components`, which the workers' `resolve_weights` checks spec.reward against), or None
@@ -139,7 +156,15 @@ def spec_problem(spec: MultiTurnRLRunSpec, settings: Settings) -> tuple[str, str
                 f"spec.rollout.environment {spec.rollout.environment!r} is not provided by the "
                 f"default worker image (it has: {', '.join(sorted(envs))})")
     # Checked whatever the worker image: an image that plays a known environment runs this
-    # distribution's plug-in, and every one of its workers would refuse these weights.
+    # distribution's plug-in, and every one of its workers would refuse these arguments or
+    # weights at start, crash, and be restarted for ever.
+    takes = environment_parameters(spec.rollout.environment)
+    extra = [a for a in spec.rollout.environment_args if takes is not None and a not in takes]
+    if takes is not None and extra:
+        return ("InvalidEnvironmentArgs",
+                f"spec.rollout.environmentArgs {', '.join(map(repr, extra))} are not arguments "
+                f"of environment {spec.rollout.environment!r} (it takes: "
+                f"{', '.join(takes) or 'none'})")
     known = reward_components(spec.rollout.environment)
     unknown = [c.name for c in spec.reward.components if known is not None and c.name not in known]
     if known is not None and unknown:

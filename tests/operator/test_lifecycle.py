@@ -158,9 +158,17 @@ def test_deeper_spec_errors_fail_the_run_not_the_operator(cluster: LocalCluster,
     apply(cluster, namespace, run_manifest("noenv", rollout={"environment": "chess"}))
     apply(cluster, namespace, run_manifest("nosubnet", workers={
         "backend": "ecs-fargate", "cpu": 256, "memory": 512, "ecs": {"subnets": []}}))
+    apply(cluster, namespace, run_manifest("noreward", reward={"components": [
+        {"name": "target_fraction"}, {"name": "win", "weight": 2}]}))
     bad = wait_phase(cluster, namespace, "noenv", "Failed")
     assert condition(bad, "Failed")["reason"] == "UnknownEnvironment"
     assert "chess" in bad["status"]["message"]
+    # Refused up front, not by every worker at start: the message names the known ones.
+    bad = wait_phase(cluster, namespace, "noreward", "Failed")
+    assert condition(bad, "Failed")["reason"] == "UnknownRewardComponent"
+    assert "'win'" in bad["status"]["message"]
+    assert "(it has: target_fraction)" in bad["status"]["message"]
+    assert bad["status"].get("launchedAttempt", 0) == 0  # no trainer was ever asked for
     apply(cluster, namespace, run_manifest("fine"))
     wait_phase(cluster, namespace, "fine", "Succeeded")
     assert operator.alive

@@ -102,3 +102,14 @@ def test_unknown_reward_components_fail_the_run_listing_the_known_ones() -> None
     # An environment only a custom image has: its components are its own business.
     assert spec_problem(spec("chess", "mate", image="example.com/w:1"), settings) is None
     assert reward_components("chess") is None
+
+
+def test_unknown_environment_arguments_fail_the_run_listing_the_accepted_ones() -> None:
+    """The coding example once passed testTimeoutSeconds: every worker crashed at start."""
+    bad = spec("coding")
+    bad.rollout.environment_args = {"testTimeoutSeconds": "10"}
+    assert spec_problem(bad, Settings()) == (
+        "InvalidEnvironmentArgs", "spec.rollout.environmentArgs 'testTimeoutSeconds' are not "
+        "arguments of environment 'coding' (it takes: test_timeout_s, memory_mb)")
+    bad.rollout.environment_args = {"memory_mb": "512"}
+    assert spec_problem(bad, Settings()) is None

@@ -16,6 +16,7 @@ KMS keys, ServiceAccounts, Kueue queues, node labels) are left out here; see
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from hypothesis import strategies as st
@@ -25,8 +26,8 @@ from tests.operator.runs import SUCCEED
 INJECTIONS = ['"; rm -rf /', "$(id)", "`id`", "{{.Values}}", "' OR 1=1 --", "${HOME}",
               "../../etc/passwd", "%s%s%n", "<script>alert(1)</script>", "a\nb\r\nc", "\\",
               "\u202eevil", "\U0001f916 Ω≈ç√ 中文", "null", "true", "{}", "[]"]
-AREAS = ("name", "model", "trainer", "grpo", "rollout", "workers", "dataset", "output",
-         "queues", "lifecycle")
+AREAS = ("name", "model", "trainer", "grpo", "rollout", "workers", "reward", "dataset",
+         "output", "queues", "lifecycle")
 HUGE = [2**31, 2**53 + 1, 2**63, 2**64, 10**30, -(2**63) - 1]
 
 
@@ -180,6 +181,28 @@ def workers(broken: bool) -> st.SearchStrategy[dict[str, Any]]:
         st.fixed_dictionaries({"backend": st.just("kubernetes"), "env": env_vars(True)}))
 
 
+def rewards(broken: bool) -> st.SearchStrategy[dict[str, Any]]:
+    """Component weights. A well-formed name the environment lacks (Wordle's `win`, which the
+    flagship example once used) is accepted by the schema and must fail the run with
+    UnknownRewardComponent, before any worker starts."""
+    component = st.fixed_dictionaries(
+        {"name": st.sampled_from(["target_fraction"] * 3 + ["win", "guesses_left"])},
+        optional={"weight": st.floats(-1000, 1000)})
+    if broken:
+        return st.one_of(
+            st.fixed_dictionaries({"components": st.lists(st.fixed_dictionaries(
+                {"name": hostile_text(1, 80).filter(
+                    lambda s: not re.fullmatch(r"[a-z0-9_]{1,63}", s))}),
+                min_size=1, max_size=2)}),
+            st.fixed_dictionaries({"components": st.lists(st.fixed_dictionaries(
+                {"name": st.just("target_fraction"), "weight": bad_float(-1000.0, 1000.0)}),
+                min_size=1, max_size=1)}),
+            # list-map keyed by name: a name twice is refused
+            st.just({"components": [{"name": "target_fraction"}, {"name": "target_fraction"}]}))
+    return st.fixed_dictionaries({}, optional={"components": st.lists(
+        component, max_size=2, unique_by=lambda c: c["name"])})
+
+
 def datasets(broken: bool) -> st.SearchStrategy[dict[str, Any]]:
     task = st.dictionaries(hostile_text(0, 64), hostile_text(0, 4096), min_size=1, max_size=3)
     inline = st.fixed_dictionaries({"inline": st.fixed_dictionaries(
@@ -228,8 +251,8 @@ def lifecycles(broken: bool) -> st.SearchStrategy[dict[str, Any]]:
 
 
 AREA_STRATEGIES = {"model": models, "trainer": trainers, "grpo": grpos, "rollout": rollouts,
-                   "workers": workers, "dataset": datasets, "output": outputs, "queues": queues,
-                   "lifecycle": lifecycles}
+                   "workers": workers, "reward": rewards, "dataset": datasets,
+                   "output": outputs, "queues": queues, "lifecycle": lifecycles}
 
 
 @st.composite
