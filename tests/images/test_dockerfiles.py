@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGES = REPO / "images"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 # Console scripts an image may name that other distributions install: script -> distribution.
-FOREIGN_SCRIPTS = {"torchrun": "torch"}
+FOREIGN_SCRIPTS = {"torchrun": "torch", "hyperpodrun": "hyperpod-elastic-agent"}
 NAMES = sorted(p.name for p in IMAGES.iterdir() if (p / "Dockerfile").is_file())
 RUN = RunNames("team-a", "wordle", "0000-uid")
 
@@ -91,18 +91,25 @@ def import_target(target: str) -> None:
     assert callable(getattr(importlib.import_module(module), func)), target
 
 
-def _spec(nodes: int = 1, gpus: int = 8) -> MultiTurnRLRunSpec:
+def _spec(nodes: int = 1, gpus: int = 8, launcher: str = "Job") -> MultiTurnRLRunSpec:
     return MultiTurnRLRunSpec.model_validate({
         "model": {"name": "Qwen/Qwen3-8B"}, "rollout": {"environment": "wordle"},
         "dataset": {"generated": {}}, "output": {"s3Uri": "s3://bucket/runs/wordle"},
-        "trainer": {"nodes": nodes, "gpusPerNode": gpus},
+        "trainer": {"nodes": nodes, "gpusPerNode": gpus, "launcher": launcher},
     })
 
 
-def trainer_command(nodes: int, gpus: int) -> list[str]:
+def trainer_command(nodes: int, gpus: int, launcher: str = "Job") -> list[str]:
     """The command the operator gives trainer containers for this shape."""
-    template = pod_template(RUN, _spec(nodes, gpus), {}, attempt=1)
+    template = pod_template(RUN, _spec(nodes, gpus, launcher), {}, attempt=1)
     return template["spec"]["containers"][0]["command"]
+
+
+def pip_installed(name: str) -> set[str]:
+    """Distributions the final stage's pip installs by name (pinned with ==)."""
+    return {m for ins in final_stage(parse(IMAGES / name / "Dockerfile"))
+            if ins.keyword == "RUN" and "pip install" in ins.args
+            for m in re.findall(r'"([A-Za-z0-9_.-]+)==', ins.args)}
 
 
 # Every way a container of an image is started: its own default, and the commands the
@@ -115,6 +122,8 @@ CASES = {
     "trainer-by-operator-1x1": ("trainer", lambda: trainer_command(nodes=1, gpus=1)),
     "trainer-by-operator-1x8": ("trainer", lambda: trainer_command(nodes=1, gpus=8)),
     "trainer-by-operator-2x8": ("trainer", lambda: trainer_command(nodes=2, gpus=8)),
+    "trainer-by-operator-hyperpod-2x8": ("trainer", lambda: trainer_command(
+        nodes=2, gpus=8, launcher="HyperPodPyTorchJob")),
 }
 
 
@@ -131,8 +140,10 @@ def check_console_script(name: str, script: str) -> None:
     assert script in FOREIGN_SCRIPTS, f"{script} is neither in [project.scripts] nor known"
     dist = FOREIGN_SCRIPTS[script]
     extras = PYPROJECT["project"]["optional-dependencies"]
-    assert any(re.match(rf"{dist}\b", req) for extra in installed_extras(name)
-               for req in extras[extra]), f"images/{name} installs no extra that requires {dist}"
+    assert dist in pip_installed(name) or any(
+        re.match(rf"{dist}\b", req) for extra in installed_extras(name)
+        for req in extras[extra]), f"images/{name} installs neither {dist} nor an extra that " \
+        f"requires it"
     try:
         found = importlib.metadata.distribution(dist).entry_points
     except importlib.metadata.PackageNotFoundError:
