@@ -414,7 +414,7 @@ class Controller:
             refs.trainer_kind, refs.trainer_name = kind, name
         progress_cm = self.progress.get(names.uid)
         if current is None and spec is not None and not deleting and \
-                status.launched_attempt >= status.attempts >= 1:
+                not status.phase.finished and status.launched_attempt >= status.attempts >= 1:
             # `decide` would take a missing workload of a launched attempt for one that is gone
             # for good, so a cache that has not caught up (a restart's first reconcile, a
             # watch behind a create) must not say so: read both from the API server.
