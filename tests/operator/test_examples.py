@@ -37,7 +37,7 @@ EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
 FIXTURES = REPO / "tests" / "fixtures" / "thirdparty-crds"
 STANDIN_TRAINER = ["python", "-m", "mtrl_testbed.standin_trainer", "--step-seconds", "0.2"]
 # The model_type in each hub model's config.json: what the trainer's decoder has to run.
-MODEL_TYPES = {"Qwen/Qwen3-14B": "qwen3", "Qwen/Qwen2.5-Coder-7B-Instruct": "qwen2"}
+MODEL_TYPES = {"openai/gpt-oss-20b": "gpt_oss", "Qwen/Qwen2.5-Coder-7B-Instruct": "qwen2"}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -64,62 +64,27 @@ def test_the_examples_environment_and_reward_weights_load_in_its_workers(path: P
     assert spec_problem(spec, settings) is None
 
 
-def _tiny(model_type: str, **extra: Any) -> Any:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(
-        model_type, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
-        max_position_embeddings=512, initializer_range=0.5, **extra)
-    return AutoModelForCausalLM.from_config(config).eval()
-
-
-def _decodes_like_transformers(model: Any) -> bool:
-    """The trainer's static-cache decoder, greedy, against transformers' own generate."""
-    import torch
-
-    from mtrl_trainer.decoder import StaticCacheDecoder
-
-    prompt = list(range(3, 40))
-    ours = StaticCacheDecoder(model, compile_step=False).generate(
-        [prompt], [12], stop_token_ids=frozenset(), temperature=1e-4)[0].token_ids
-    with torch.no_grad():
-        theirs = model.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12,
-                                do_sample=False)[0, len(prompt):].tolist()
-    return ours == theirs
-
-
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_the_examples_model_is_one_the_trainer_decodes(path: Path) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    """A tiny random model of the example's architecture goes to the trainer's fast decoder and
+    decodes greedily exactly as transformers' eager forward does (tests/trainer/test_decoders.py
+    holds the architectures and the reference)."""
+    decoders = pytest.importorskip("tests.trainer.test_decoders")
+    from mtrl_trainer.decoder import FastDecoder
+    from mtrl_trainer.decoders import make_decoder
     from mtrl_trainer.models import RANDOM_PREFIX, RANDOM_PRESETS
 
     name = run_spec(load(path)).model.name
     if name.startswith(RANDOM_PREFIX):
-        preset = dict(RANDOM_PRESETS[name.removeprefix(RANDOM_PREFIX)])
-        model_type = preset.pop("model_type")
+        model_type = RANDOM_PRESETS[name.removeprefix(RANDOM_PREFIX)]["model_type"]
     else:
         assert name in MODEL_TYPES, f"{path.name}: add {name}'s model_type to MODEL_TYPES"
         model_type = MODEL_TYPES[name]
-    assert _decodes_like_transformers(_tiny(model_type)), f"{path.name}: {name} ({model_type})"
-
-
-def test_gpt_oss_is_not_promised_until_the_trainer_decodes_it() -> None:
-    """Why the flagship example trains Qwen3 and not openai/gpt-oss-20b: the decoder does not
-    run GPT-OSS's mixture-of-experts layers (nor its attention sinks). When it does, this test
-    fails on purpose: the examples and README may then go back to GPT-OSS (docs/hyperpod.md)."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    model = _tiny("gpt_oss", num_local_experts=4, num_experts_per_tok=2, head_dim=16,
-                  sliding_window=4)
-    try:
-        decodes = _decodes_like_transformers(model)
-    except Exception:  # the decoder cannot run it at all
-        decodes = False
-    assert not decodes, "the trainer now decodes GPT-OSS: update the examples (docs/hyperpod.md)"
+    model = decoders.tiny(model_type)
+    decoder = make_decoder(model)
+    assert isinstance(decoder, FastDecoder), f"{path.name}: {name} ({model_type})"
+    outs = decoder.generate(decoders.PROMPTS, decoders.BUDGETS, decoders.GREEDY)
+    decoders.assert_matches(model, outs, decoders.PROMPTS, decoders.BUDGETS)
 
 
 # --------------------------------------------------------------------------- on the control plane
