@@ -8,6 +8,7 @@ on an H200) come from `bench/gpu_check.sh` on the GPU machine; here it runs its 
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import os
 import platform
@@ -22,6 +23,8 @@ BENCHES = [
      [PY, "bench/operator_bench.py", "--runs", "20"]),
     ("Scale: one operator, many concurrent runs (P4)",
      [PY, "bench/scale_bench.py", "--runs", "10", "100", "500"]),
+    ("Failover: the chart's two replicas, the leader killed (issue 12)",
+     [PY, "bench/failover_bench.py", "--kills", "3"]),
     ("Transport (P5)",
      [PY, "bench/transport_bench.py", "--messages", "1000", "--concurrency", "4", "--turns", "100"]),
     ("Trainer: serving multi-turn episodes (issue 14)",
@@ -48,11 +51,28 @@ def _tables(stdout: str) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
+def _sections(text: str) -> dict[str, str]:
+    """BENCHMARKS.md's sections by title: what `--only` keeps of the last full run."""
+    parts = text.split("\n## ")
+    return {part.split("\n", 1)[0]: f"## {part.rstrip()}\n" for part in parts[1:]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", default=[], metavar="TEXT",
+                        help="run only the benchmarks whose title contains TEXT (repeatable) "
+                             "and keep the other sections of BENCHMARKS.md as they are")
+    args_ = parser.parse_args(argv)
+    previous = _sections((REPO / "BENCHMARKS.md").read_text()) \
+        if args_.only and (REPO / "BENCHMARKS.md").exists() else {}
     sections = []
     failed = 0
     wheels = REPO / "bench" / "wheels-cpu"
     for title, args in BENCHES:
+        if args_.only and not any(text in title for text in args_.only):
+            if title in previous:
+                sections.append(previous[title])
+            continue
         cmd = [sys.executable if a == PY else a for a in args]
         print(f"== {title}: {' '.join(args)}", flush=True)
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
@@ -64,7 +84,9 @@ def main() -> int:
             table += f"\n\nFAILED (exit {proc.returncode}):\n```\n{proc.stderr[-2000:]}\n```"
         print(table, flush=True)
         sections.append(f"## {title}\n\n`{' '.join(args)}`\n\n{table}\n")
-    header = (f"# Benchmarks\n\nWritten by `make bench` on {dt.date.today()} "
+    written = "Sections rewritten by `make bench` (`bench/run_all.py --only`)" if args_.only \
+        else "Written by `make bench`"
+    header = (f"# Benchmarks\n\n{written} on {dt.date.today()} "
               f"({platform.machine()}, {os.cpu_count()} cores). Figures are measured side by "
               "side in one run; the machine is shared and noisy, so read ratios, not "
               "absolutes.\n\n")
