@@ -122,13 +122,15 @@ def set_condition(conditions: list[Condition], type_: str, status: bool | None, 
     return out
 
 
-class _Status:
-    """A mutable draft of the status, turned back into the model at the end."""
+class _Draft:
+    """The decision being made: a mutable copy of the status, the Events it posts, and the
+    deadline (if any) that caps every requeue."""
 
     def __init__(self, obs: Observed) -> None:
         self.obs = obs
         self.s = obs.status.model_copy(deep=True)
         self.events: list[Event] = []
+        self.deadline_in: float | None = None
 
     def cond(self, type_: str, status: bool | None, reason: str, message: str = "") -> None:
         self.s.conditions = set_condition(self.s.conditions, type_, status, reason, message,
@@ -150,6 +152,17 @@ class _Status:
         self.cond("Progressing", False, reason, message)
         self.phase(Phase.SUCCEEDED if succeeded else Phase.FAILED, message, warning=not succeeded)
 
+    def done(self, actions: list[Act], requeue: float | None = None,
+             attempt: int = 0) -> Decision:
+        return Decision(actions, self.s, self.events, attempt, requeue)
+
+    def wait(self, actions: list[Act], requeue: float | None = None,
+             attempt: int = 0) -> Decision:
+        """A decision of a live run: requeued no later than its deadline."""
+        if self.deadline_in is not None:
+            requeue = self.deadline_in if requeue is None else min(requeue, self.deadline_in)
+        return self.done(actions, requeue, attempt)
+
 
 # --------------------------------------------------------------------------- decide
 
@@ -166,7 +179,7 @@ def _teardown(obs: Observed, keep_queues: bool = False) -> list[Act]:
     return []
 
 
-def _merge_observations(st: _Status, obs: Observed) -> None:
+def _merge_observations(st: _Draft, obs: Observed) -> None:
     refs = obs.resources
     st.s.resources = refs
     if obs.progress is not None:
@@ -182,7 +195,7 @@ def _merge_observations(st: _Status, obs: Observed) -> None:
                                      display=f"{obs.workers_ready}/{desired}")
 
 
-def _reward_collapse(st: _Status, obs: Observed, previous: Progress) -> None:
+def _reward_collapse(st: _Draft, obs: Observed, previous: Progress) -> None:
     spec = obs.spec
     progress = st.s.progress
     if spec is None or progress.zero_variance_fraction is None or progress.step == previous.step:
@@ -206,7 +219,7 @@ _OWNER_TEXT = {RetryOwner.HYPERPOD_AUTO_RESUME: "HyperPod auto-resume",
                RetryOwner.HYPERPOD_TRAINING_OPERATOR: "the HyperPod training operator"}
 
 
-def _launched_and_gone(st: _Status, obs: Observed, attempt: int) -> bool:
+def _launched_and_gone(st: _Draft, obs: Observed, attempt: int) -> bool:
     """The current attempt's workload existed and is gone. Asked for alone is not enough: the
     operator may have stopped between recording the attempt and creating it. Seen by a
     reconcile, or reported from by its trainer, is: then creating it again would run a
@@ -225,154 +238,184 @@ def _vanished(spec: MultiTurnRLRunSpec, attempt: int) -> str:
 
 
 def decide(obs: Observed) -> Decision:
-    st = _Status(obs)
+    """The whole state machine: each concern below either decides or passes the run on, in
+    the order a reader would ask (is it going away, can it run at all, is it over, ...)."""
+    st = _Draft(obs)
     previous_progress = obs.status.progress
     _merge_observations(st, obs)
     _reward_collapse(st, obs, previous_progress)
     st.s.observed_generation = obs.generation
+    if (decision := _deletion(st) or _invalid_spec(st) or _finished(st)) is not None:
+        return decision
     spec = obs.spec
+    assert spec is not None  # a run without a readable spec is finished or deleting
+    return (_start_and_deadline(st, spec) or _suspension(st, spec) or _queues(st)
+            or _workers(st, spec) or _trainer(st, spec))
 
-    def done(actions: list[Act], requeue: float | None = None, attempt: int = 0) -> Decision:
-        return Decision(actions, st.s, st.events, attempt, requeue)
 
-    # Deletion: everything goes, then the finalizer.
-    if obs.deleting:
-        st.phase(Phase.TERMINATING, "deleting the run's resources")
-        actions = _teardown(obs)
-        return done(actions or [Act.REMOVE_FINALIZER], requeue=1.0 if actions else None)
+def _deletion(st: _Draft) -> Decision | None:
+    """Deleting: everything goes, in cost order, then the finalizer."""
+    if not st.obs.deleting:
+        return None
+    st.phase(Phase.TERMINATING, "deleting the run's resources")
+    actions = _teardown(st.obs)
+    return st.done(actions or [Act.REMOVE_FINALIZER], requeue=1.0 if actions else None)
 
-    # A spec the schema accepted but that cannot run: Failed with its reason, nothing kept.
-    if obs.spec_error is not None and not st.s.phase.finished:
-        reason, message = obs.spec_error
-        st.finish(False, reason, message)
-        return done(_teardown(obs), requeue=1.0)
 
-    # Finished: tear down what is left, then wait for the TTL.
-    if st.s.phase.finished or spec is None:
-        actions = _teardown(obs)
-        if actions:
-            return done(actions, requeue=1.0)
-        ttl = spec.lifecycle.ttl_seconds_after_finished if spec else None
-        if ttl is not None and st.s.completion_time is not None:
-            expires = st.s.completion_time + dt.timedelta(seconds=ttl)
-            if obs.now >= expires:
-                return done([Act.DELETE_RUN])
-            return done([], requeue=(expires - obs.now).total_seconds())
-        return done([])
+def _invalid_spec(st: _Draft) -> Decision | None:
+    """A spec the schema accepted but that cannot run: Failed with its reason, nothing kept."""
+    if st.obs.spec_error is None or st.s.phase.finished:
+        return None
+    reason, message = st.obs.spec_error
+    st.finish(False, reason, message)
+    return st.done(_teardown(st.obs), requeue=1.0)
 
-    lifecycle = spec.lifecycle
+
+def _finished(st: _Draft) -> Decision | None:
+    """Finished (or unreadable): tear down what is left, then wait for the TTL."""
+    spec = st.obs.spec
+    if not st.s.phase.finished and spec is not None:
+        return None
+    actions = _teardown(st.obs)
+    if actions:
+        return st.done(actions, requeue=1.0)
+    ttl = spec.lifecycle.ttl_seconds_after_finished if spec else None
+    if ttl is None or st.s.completion_time is None:
+        return st.done([])
+    expires = st.s.completion_time + dt.timedelta(seconds=ttl)
+    if st.obs.now >= expires:
+        return st.done([Act.DELETE_RUN])
+    return st.done([], requeue=(expires - st.obs.now).total_seconds())
+
+
+def _start_and_deadline(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision | None:
+    """The first look starts the clock; the deadline counts from then, suspended time
+    included (as Job's activeDeadlineSeconds does)."""
     if st.s.start_time is None:
-        st.s.start_time = obs.now
+        st.s.start_time = st.obs.now
         st.s.attempts = max(st.s.attempts, 1)
         st.cond("Progressing", True, "Provisioning", "creating queues")
+    limit = spec.lifecycle.active_deadline_seconds
+    if limit is None:
+        return None
+    deadline = st.s.start_time + dt.timedelta(seconds=limit)
+    if st.obs.now >= deadline:
+        st.finish(False, "DeadlineExceeded", f"the run was active longer than {limit}s")
+        return st.done(_teardown(st.obs), requeue=1.0)
+    st.deadline_in = (deadline - st.obs.now).total_seconds()
+    return None
 
-    # Deadline: counted from the start, suspended time included (as Job does).
-    if lifecycle.active_deadline_seconds is not None:
-        deadline = st.s.start_time + dt.timedelta(seconds=lifecycle.active_deadline_seconds)
-        if obs.now >= deadline:
-            st.finish(False, "DeadlineExceeded",
-                      f"the run was active longer than {lifecycle.active_deadline_seconds}s")
-            return done(_teardown(obs), requeue=1.0)
-        deadline_in = (deadline - obs.now).total_seconds()
-    else:
-        deadline_in = None
 
-    def wait(actions: list[Act], requeue: float | None = None, attempt: int = 0) -> Decision:
-        """Requeue no later than the deadline."""
-        if deadline_in is not None:
-            requeue = min(requeue, deadline_in) if requeue is not None else deadline_in
-        return done(actions, requeue, attempt)
+def _suspension(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision | None:
+    """Suspended: compute goes, queues and progress stay."""
+    if not spec.lifecycle.suspend:
+        if st.s.phase in (Phase.PENDING, Phase.SUSPENDED):
+            st.phase(Phase.PROVISIONING, "creating queues, workers and trainer")
+        return None
+    actions = _teardown(st.obs, keep_queues=True)
+    st.cond("Progressing", False, "Suspended", "the run is suspended")
+    if actions:
+        st.phase(Phase.SUSPENDED if st.s.phase == Phase.SUSPENDED else Phase.TERMINATING,
+                 "suspending: stopping the trainer and workers")
+        return st.wait(actions, requeue=1.0)
+    st.cond("TrainerReady", False, "Suspended", "")
+    st.cond("WorkersReady", False, "Suspended", "")
+    # The operator deleted the trainer itself: resuming creates the same attempt again.
+    st.s.launched_attempt = min(st.s.launched_attempt, st.s.attempts - 1)
+    st.s.observed_attempt = min(st.s.observed_attempt, st.s.attempts - 1)
+    st.phase(Phase.SUSPENDED, "suspended; set spec.lifecycle.suspend=false to resume from the "
+                              "latest checkpoint")
+    return st.wait([])
 
-    # Suspended: compute goes, queues and progress stay.
-    if lifecycle.suspend:
-        actions = _teardown(obs, keep_queues=True)
-        st.cond("Progressing", False, "Suspended", "the run is suspended")
-        if actions:
-            st.phase(Phase.SUSPENDED if st.s.phase == Phase.SUSPENDED else Phase.TERMINATING,
-                     "suspending: stopping the trainer and workers")
-            return wait(actions, requeue=1.0)
-        st.cond("TrainerReady", False, "Suspended", "")
-        st.cond("WorkersReady", False, "Suspended", "")
-        # The operator deleted the trainer itself: resuming creates the same attempt again.
-        st.s.launched_attempt = min(st.s.launched_attempt, st.s.attempts - 1)
-        st.s.observed_attempt = min(st.s.observed_attempt, st.s.attempts - 1)
-        st.phase(Phase.SUSPENDED, "suspended; set spec.lifecycle.suspend=false to resume "
-                                  "from the latest checkpoint")
-        return wait([])
 
-    if st.s.phase in (Phase.PENDING, Phase.SUSPENDED):
-        st.phase(Phase.PROVISIONING, "creating queues, workers and trainer")
+def _queues(st: _Draft) -> Decision | None:
+    ready = st.obs.queues_ready
+    st.cond("QueuesReady", ready, "QueuesCreated" if ready else "CreatingQueues",
+            "" if ready else "creating SQS queues")
+    if ready:
+        return None
+    return st.wait([Act.ENSURE_QUEUES], requeue=0.1)  # CreateQueue returns once it exists
 
-    # 1. Queues.
-    st.cond("QueuesReady", obs.queues_ready, "QueuesCreated" if obs.queues_ready else
-            "CreatingQueues", "" if obs.queues_ready else "creating SQS queues")
-    if not obs.queues_ready:  # CreateQueue returns once the queue exists: look again at once
-        return wait([Act.ENSURE_QUEUES], requeue=0.1)
 
-    # 2. Workers; the trainer waits for enough of them.
-    enough = obs.workers_ready >= spec.workers.min_replicas
+def _workers(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision | None:
+    """Workers before the GPUs: the trainer waits for `minReplicas` of them."""
+    obs, workers = st.obs, spec.workers
+    enough = obs.workers_ready >= workers.min_replicas
     st.cond("WorkersReady", enough, "WorkersReady" if enough else "WaitingForWorkers",
-            f"{obs.workers_ready}/{spec.workers.max_replicas} workers ready "
-            f"(minimum {spec.workers.min_replicas})")
+            f"{obs.workers_ready}/{workers.max_replicas} workers ready "
+            f"(minimum {workers.min_replicas})")
     # ECS tasks have no watch: look again soon. The controller doubles the wait while
     # nothing changes, so a short first look costs little however long the workers take.
-    if not obs.workers_exist or obs.workers_desired < spec.workers.max_replicas:
-        return wait([Act.ENSURE_WORKERS], requeue=0.5)
+    if not obs.workers_exist or obs.workers_desired < workers.max_replicas:
+        return st.wait([Act.ENSURE_WORKERS], requeue=0.5)
     if not enough and obs.trainer is None:
-        return wait([], requeue=0.5)
+        return st.wait([], requeue=0.5)
+    return None
 
-    # 3. Trainer, one attempt at a time.
+
+def _trainer(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision:
+    """One attempt at a time; its outcome ends the run or starts the next attempt."""
     attempt = st.s.attempts
-    trainer = obs.trainer
-    if trainer is not None and trainer.attempt == attempt:
-        st.s.observed_attempt = max(st.s.observed_attempt, attempt)
-    elif obs.trainers_exist:  # an older attempt is still there; remove it first
-        return wait([Act.DELETE_TRAINER], requeue=1.0)
-    elif obs.trainer_outcome == SUCCEEDED_OUTCOME:
-        # The workload is gone (a ttlSecondsAfterFinished of 0 deletes a finished
-        # HyperPodPyTorchJob at once), but the trainer recorded that it finished.
-        trainer = TrainerObserved(attempt, TrainerState.SUCCEEDED,
-                                  "the trainer reported that training finished")
-    elif _launched_and_gone(st, obs, attempt):
-        trainer = TrainerObserved(attempt, TrainerState.FAILED, _vanished(spec, attempt))
-    else:
-        # Recorded before the create call (status is written before any action), so a
-        # workload that exists once is never created a second time.
-        st.s.launched_attempt = attempt
-        st.cond("TrainerReady", False, "CreatingTrainer", f"attempt {attempt}")
-        return wait([Act.ENSURE_TRAINER], requeue=2.0, attempt=attempt)
-
+    trainer = _current_attempt(st, spec, attempt)
+    if isinstance(trainer, Decision):
+        return trainer
     if trainer.state == TrainerState.SUCCEEDED:
         st.cond("TrainerReady", False, "TrainerSucceeded", trainer.message)
         st.finish(True, "TrainingComplete", f"trained {st.s.progress.step} steps in "
                                             f"{attempt} attempt(s)")
-        return done(_teardown(obs), requeue=0.2)
+        return st.done(_teardown(st.obs), requeue=0.2)
     if trainer.state == TrainerState.FAILED:
-        owner = retry_owner(spec.trainer.launcher, obs.namespace)
-        if owner != RetryOwner.OPERATOR:
-            st.finish(False, "TrainerFailed",
-                      f"the {spec.trainer.launcher.value} failed after the retries "
-                      f"{_OWNER_TEXT[owner]} makes (trainer.autoResumeMaxRetries="
-                      f"{spec.trainer.auto_resume_max_retries}); the operator does not retry "
-                      f"on top of them: {trainer.message}")
-            return done(_teardown(obs), requeue=0.2)
-        failures = attempt
-        if failures <= lifecycle.backoff_limit:
-            st.s.attempts = attempt + 1
-            st.cond("TrainerReady", False, "Retrying", trainer.message)
-            st.events.append(Event("Warning", "TrainerFailed",
-                                   f"attempt {attempt} failed ({trainer.message}); starting "
-                                   f"attempt {attempt + 1} from the latest checkpoint"))
-            return wait([Act.DELETE_TRAINER] if obs.trainers_exist else [], requeue=0.5)
-        st.finish(False, "BackoffLimitExceeded",
-                  f"the trainer failed {failures} time(s), more than backoffLimit "
-                  f"{lifecycle.backoff_limit}; last: {trainer.message}")
-        return done(_teardown(obs), requeue=0.2)
-
+        return _failed_attempt(st, spec, trainer)
     running = trainer.state == TrainerState.RUNNING
     st.cond("TrainerReady", running, trainer.state.value, trainer.message)
     if running:
         st.cond("Progressing", True, "Training", f"step {st.s.progress.display}")
         st.phase(Phase.RUNNING, f"training: step {st.s.progress.display}")
-    return wait([], requeue=None)
+    return st.wait([])
 
+
+def _current_attempt(st: _Draft, spec: MultiTurnRLRunSpec,
+                     attempt: int) -> TrainerObserved | Decision:
+    """The current attempt's trainer as observed, or what to do while it has none."""
+    obs = st.obs
+    if obs.trainer is not None and obs.trainer.attempt == attempt:
+        st.s.observed_attempt = max(st.s.observed_attempt, attempt)
+        return obs.trainer
+    if obs.trainers_exist:  # an older attempt is still there; remove it first
+        return st.wait([Act.DELETE_TRAINER], requeue=1.0)
+    if obs.trainer_outcome == SUCCEEDED_OUTCOME:
+        # The workload is gone (a ttlSecondsAfterFinished of 0 deletes a finished
+        # HyperPodPyTorchJob at once), but the trainer recorded that it finished.
+        return TrainerObserved(attempt, TrainerState.SUCCEEDED,
+                               "the trainer reported that training finished")
+    if _launched_and_gone(st, obs, attempt):
+        return TrainerObserved(attempt, TrainerState.FAILED, _vanished(spec, attempt))
+    # Recorded before the create call (status is written before any action), so a workload
+    # that exists once is never created a second time.
+    st.s.launched_attempt = attempt
+    st.cond("TrainerReady", False, "CreatingTrainer", f"attempt {attempt}")
+    return st.wait([Act.ENSURE_TRAINER], requeue=2.0, attempt=attempt)
+
+
+def _failed_attempt(st: _Draft, spec: MultiTurnRLRunSpec, trainer: TrainerObserved) -> Decision:
+    """A new attempt while the operator owns retries and the backoff limit allows one."""
+    attempt, lifecycle = trainer.attempt, spec.lifecycle
+    owner = retry_owner(spec.trainer.launcher, st.obs.namespace)
+    if owner != RetryOwner.OPERATOR:
+        st.finish(False, "TrainerFailed",
+                  f"the {spec.trainer.launcher.value} failed after the retries "
+                  f"{_OWNER_TEXT[owner]} makes (trainer.autoResumeMaxRetries="
+                  f"{spec.trainer.auto_resume_max_retries}); the operator does not retry "
+                  f"on top of them: {trainer.message}")
+        return st.done(_teardown(st.obs), requeue=0.2)
+    if attempt <= lifecycle.backoff_limit:
+        st.s.attempts = attempt + 1
+        st.cond("TrainerReady", False, "Retrying", trainer.message)
+        st.events.append(Event("Warning", "TrainerFailed",
+                               f"attempt {attempt} failed ({trainer.message}); starting "
+                               f"attempt {attempt + 1} from the latest checkpoint"))
+        return st.wait([Act.DELETE_TRAINER] if st.obs.trainers_exist else [], requeue=0.5)
+    st.finish(False, "BackoffLimitExceeded",
+              f"the trainer failed {attempt} time(s), more than backoffLimit "
+              f"{lifecycle.backoff_limit}; last: {trainer.message}")
+    return st.done(_teardown(st.obs), requeue=0.2)
