@@ -40,6 +40,7 @@ from lightkube.types import PatchType
 
 from mtrl_operator.adapters.kube import MultiTurnRLRun
 from mtrl_operator.naming import LABEL_ATTEMPT, LABEL_MANAGED_BY, LABEL_RUN_UID, MANAGED_BY, RunNames
+from mtrl_testbed.chart_identity import ChartIdentity
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.operator import OperatorProcess
 from mtrl_testbed.ports import wait_until
@@ -416,10 +417,11 @@ def test_runs_survive_api_server_restarts(
 
 def test_runs_finish_when_watch_streams_are_cut(
         cluster: LocalCluster, own_namespace: str, admin: Client, ledger: ChildLedger,
-        tmp_path: Path, start_operator: Callable[..., OperatorProcess]) -> None:
+        tmp_path: Path, start_operator: Callable[..., OperatorProcess],
+        operator_identity: ChartIdentity) -> None:
     ns = own_namespace
     gate = tmp_path / "trainers-may-report"
-    with KubeProxy(cluster, tmp_path) as proxy:
+    with KubeProxy(cluster, tmp_path, token=operator_identity.token) as proxy:
         operator = start_operator("kube-cuts", kubeconfig=proxy.kubeconfig)
         specs = _apply_all(cluster, ns, {
             "cut-kube": {"trainer": _trainer(REPORTING, gate=gate)},
@@ -478,9 +480,11 @@ def test_runs_finish_when_watch_streams_are_cut(
 
 def test_runs_finish_with_full_status_through_status_conflicts(
         cluster: LocalCluster, own_namespace: str, admin: Client, ledger: ChildLedger,
-        tmp_path: Path, start_operator: Callable[..., OperatorProcess]) -> None:
+        tmp_path: Path, start_operator: Callable[..., OperatorProcess],
+        operator_identity: ChartIdentity) -> None:
     ns = own_namespace
-    with KubeProxy(cluster, tmp_path, conflict_rate=CONFLICT_RATE, seed=SEED) as proxy:
+    with KubeProxy(cluster, tmp_path, conflict_rate=CONFLICT_RATE, seed=SEED,
+                   token=operator_identity.token) as proxy:
         operator = start_operator("kube-conflicts", kubeconfig=proxy.kubeconfig)
         specs = _apply_all(cluster, ns, {
             "conflict-kube": {"trainer": _trainer(REPORTING, step_seconds=1)},

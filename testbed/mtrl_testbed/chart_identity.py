@@ -1,0 +1,72 @@
+"""The operator's identity as the Helm chart installs it, for operators run as processes.
+
+An operator started with the local cluster's admin certificate may do anything, so a permission
+the chart lacks would never fail a test. `install` renders the chart's ServiceAccount, RBAC and
+admission policy with the chart's default values (`helm template --show-only`), applies them,
+and writes a kubeconfig holding a token of that ServiceAccount (a TokenRequest, as the kubelet
+mounts one into the operator's pod). An operator started with it is refused exactly what an
+installed one is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from mtrl_testbed.cluster import REPO_ROOT, CommandFailed, LocalCluster
+from mtrl_testbed.ports import wait_until
+
+CHART = REPO_ROOT / "charts" / "mtrl-operator"
+# The README's install: release mtrl-operator in mtrl-system, whose full name (and so the
+# ServiceAccount's) is the release's name.
+RELEASE = "mtrl-operator"
+NAMESPACE = "mtrl-system"
+SERVICE_ACCOUNT = RELEASE
+USERNAME = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+"""The user the API server (and its audit log) sees for the operator's requests."""
+TEMPLATES = ("serviceaccount.yaml", "rbac.yaml", "admission-policy.yaml")
+TOKEN_LIFETIME = "48h"
+
+
+@dataclass(frozen=True)
+class ChartIdentity:
+    token: str
+    kubeconfig: Path
+    username: str = USERNAME
+
+
+def install(cluster: LocalCluster, timeout: float = 60) -> ChartIdentity:
+    """Apply the chart's ServiceAccount, RBAC and admission policy to `cluster` and return a
+    kubeconfig that acts as that ServiceAccount, once the policy is in force."""
+    shown = [arg for t in TEMPLATES for arg in ("--show-only", f"templates/{t}")]
+    rendered = cluster.helm("template", RELEASE, str(CHART), "-n", NAMESPACE, *shown).stdout
+    if cluster.kubectl("get", "namespace", NAMESPACE, check=False).returncode:
+        cluster.kubectl("create", "namespace", NAMESPACE)
+    cluster.kubectl("apply", "-f", "-", input=rendered)
+    token = cluster.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE,
+                            "--duration", TOKEN_LIFETIME).stdout.strip()
+    kubeconfig = cluster.root / f"{SERVICE_ACCOUNT}.sa.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "mtrl-local", "cluster": {
+            "server": cluster.server,
+            "certificate-authority": str(cluster.root / "pki" / "ca.crt")}}],
+        "users": [{"name": USERNAME, "user": {"token": token}}],
+        "contexts": [{"name": "mtrl-local", "context": {"cluster": "mtrl-local",
+                                                        "user": USERNAME}}],
+        "current-context": "mtrl-local"}))
+
+    def policy_in_force() -> bool:
+        """The API server loads a new policy from a watch: until then it lets everything
+        through. A dry run of a write the policy forbids tells when it has."""
+        try:
+            cluster.kubectl("create", "configmap", "mtrl-policy-probe", "-n", "kube-system",
+                            "--dry-run=server", kubeconfig=kubeconfig)
+        except CommandFailed as exc:
+            return "ValidatingAdmissionPolicy" in exc.stderr
+        return False
+
+    wait_until(policy_in_force, timeout, "the chart's admission policy in force", interval=0.25)
+    return ChartIdentity(token=token, kubeconfig=kubeconfig)
