@@ -210,7 +210,7 @@ def measure(cluster: LocalCluster, moto: MotoServer, identity: ChartIdentity, ro
     namespace = f"scale-{n}"
     client.create(Namespace.from_dict({"metadata": {"name": namespace}}))
     audit_offset = cluster.audit_log.stat().st_size if cluster.audit_log.exists() else 0
-    operator = OperatorProcess(cluster, {**moto.env(), "MTRL_RESYNC_SECONDS": "30",
+    operator = OperatorProcess(cluster, {**moto.env(), **identity.env, "MTRL_RESYNC_SECONDS": "30",
                                          "MTRL_SWEEP_INTERVAL_SECONDS": "0",
                                          "MTRL_OPERATOR_ID": f"scale-{n}",
                                          "MTRL_LOG_FORMAT": "json"},

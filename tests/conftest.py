@@ -129,7 +129,7 @@ def operator_factory(cluster: LocalCluster, moto_server: MotoServer, aws_env: di
     started: list[OperatorProcess] = []
 
     def start(kubeconfig: Path | None = None, **env: str) -> OperatorProcess:
-        proc = OperatorProcess(cluster, {**aws_env, **network, **env},
+        proc = OperatorProcess(cluster, {**aws_env, **network, **operator_identity.env, **env},
                                ARTIFACTS / f"operator-{len(started)}.log",
                                kubeconfig or operator_identity.kubeconfig).start()
         started.append(proc)

@@ -5,7 +5,10 @@ the chart lacks would never fail a test. `install` renders the chart's ServiceAc
 admission policy with the chart's default values (`helm template --show-only`), applies them,
 and writes a kubeconfig holding a token of that ServiceAccount (a TokenRequest, as the kubelet
 mounts one into the operator's pod). An operator started with it is refused exactly what an
-installed one is refused.
+installed one is refused, with one addition: operators started as processes pick their own
+operator ids, so each has its own leader-election Lease (mtrl-operator-<id>), where the chart
+grants get and update on the one Lease of its operator.id. A Role of the test bed's own grants
+those on Leases in the chart's namespace; the chart's admission policy still applies to them.
 """
 
 from __future__ import annotations
@@ -30,11 +33,29 @@ TEMPLATES = ("serviceaccount.yaml", "rbac.yaml", "admission-policy.yaml")
 TOKEN_LIFETIME = "48h"
 
 
+PROCESS_LEASES = {
+    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+    "metadata": {"name": "mtrl-testbed-process-leases", "namespace": NAMESPACE},
+    "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+               "verbs": ["get", "create", "update"]}]}
+PROCESS_LEASES_BINDING = {
+    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+    "metadata": {"name": "mtrl-testbed-process-leases", "namespace": NAMESPACE},
+    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                "name": "mtrl-testbed-process-leases"},
+    "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]}
+
+
 @dataclass(frozen=True)
 class ChartIdentity:
     token: str
     kubeconfig: Path
     username: str = USERNAME
+
+    @property
+    def env(self) -> dict[str, str]:
+        """For an operator process: its Lease in the chart's namespace, as in its pod."""
+        return {"MTRL_LEASE_NAMESPACE": NAMESPACE}
 
 
 def install(cluster: LocalCluster, timeout: float = 60) -> ChartIdentity:
@@ -45,6 +66,8 @@ def install(cluster: LocalCluster, timeout: float = 60) -> ChartIdentity:
     if cluster.kubectl("get", "namespace", NAMESPACE, check=False).returncode:
         cluster.kubectl("create", "namespace", NAMESPACE)
     cluster.kubectl("apply", "-f", "-", input=rendered)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([PROCESS_LEASES,
+                                                                  PROCESS_LEASES_BINDING]))
     token = cluster.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE,
                             "--duration", TOKEN_LIFETIME).stdout.strip()
     kubeconfig = cluster.root / f"{SERVICE_ACCOUNT}.sa.kubeconfig"

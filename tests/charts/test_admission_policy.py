@@ -82,7 +82,7 @@ def test_rbac_alone_would_allow_the_takeover(cluster: LocalCluster,
                  ("escalate", "roles", "-n", "kube-system"), ("create", "pods/exec", "-A"),
                  ("delete", "configmaps", "-n", "kube-system"),
                  ("create", "leases.coordination.k8s.io", "-n", "kube-system"),
-                 ("update", "leases.coordination.k8s.io/other", "-n", chart_identity.NAMESPACE)):
+                 ("update", "leases.coordination.k8s.io", "-n", "default")):
         assert can_i(cluster, *args) == "no", args
 
 
