@@ -252,9 +252,9 @@ def test_install_run_and_uninstall_in_restricted_namespaces_with_only_the_charts
     for ns in (release_ns, runs_ns):
         cluster.kubectl("create", "namespace", ns)
         cluster.kubectl("label", "namespace", ns, *(f"{k}={v}" for k, v in RESTRICTED.items()))
-    # The chart's defaults but for what the test bed needs: operator pods are processes on one
-    # host, so one replica (two would bind the same health port) on ports of its own.
-    values = {"replicas": 1, "watchNamespaces": [runs_ns], "operator": {
+    # The chart's defaults (two replicas, one leading) but for the scope, fast loops, and ports
+    # of its own: operator pods are processes on the test bed's one host.
+    values = {"watchNamespaces": [runs_ns], "operator": {
         "id": f"chart-{suffix}", "resyncSeconds": 3, "sweepIntervalSeconds": 0},
         "metrics": {"port": 19090}, "health": {"port": 19091},
         "cleanupOnUninstall": {"enabled": True, "timeoutSeconds": 120}}
@@ -267,6 +267,10 @@ def test_install_run_and_uninstall_in_restricted_namespaces_with_only_the_charts
                  f"get lease mtrl-operator-chart-{suffix}", f"watching {runs_ns}"):
         assert line in notes, notes
     sa = f"system:serviceaccount:{release_ns}:{release}-mtrl-operator"
+    wait_for(lambda: cluster.kubectl(
+        "get", "lease", f"mtrl-operator-chart-{suffix}", "-n", release_ns, "-o",
+        "jsonpath={.spec.holderIdentity}", check=False).stdout.startswith(
+        f"{release}-mtrl-operator-"), 60, "one of the two replicas to hold the Lease")
 
     def can(*args: str) -> bool:
         out = cluster.kubectl("auth", "can-i", f"--as={sa}", *args, check=False)
