@@ -22,11 +22,14 @@ from mtrl_testbed.cluster import REPO_ROOT, CommandFailed, LocalCluster
 from mtrl_testbed.ports import wait_until
 
 CHART = REPO_ROOT / "charts" / "mtrl-operator"
-# The README's install: release mtrl-operator in mtrl-system, whose full name (and so the
-# ServiceAccount's) is the release's name.
-RELEASE = "mtrl-operator"
+# A release name of its own: tests that `helm install` the chart (release mtrl-operator, as the
+# README does) must not meet these cluster-scoped objects (ClusterRoles, the policy) under the
+# same names.
+RELEASE = "mtrl-testbed"
 NAMESPACE = "mtrl-system"
-SERVICE_ACCOUNT = RELEASE
+FULLNAME = f"{RELEASE}-mtrl-operator"
+"""The chart's full name for this release: its ServiceAccount, ClusterRole, policy prefix."""
+SERVICE_ACCOUNT = FULLNAME
 USERNAME = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
 """The user the API server (and its audit log) sees for the operator's requests."""
 TEMPLATES = ("serviceaccount.yaml", "rbac.yaml", "admission-policy.yaml")

@@ -18,7 +18,7 @@ from mtrl_testbed.cluster import CommandFailed, LocalCluster
 
 pytestmark = pytest.mark.cluster
 
-POLICY = "mtrl-operator-owned-objects-only"
+POLICY = f"{chart_identity.FULLNAME}-owned-objects-only"
 ATTACKER_ROLE = ("- rolearn: arn:aws:iam::111122223333:role/attacker\n"
                  "  username: attacker\n  groups: [system:masters]\n")
 OWNED = {"app.kubernetes.io/managed-by": "mtrl-operator"}
@@ -96,7 +96,8 @@ def test_the_eks_takeover_requests_are_refused(cluster: LocalCluster, kube_syste
     # A binding of permissions the ServiceAccount holds passes RBAC's escalation check; the
     # policy refuses it. cluster-admin is refused by RBAC itself.
     refused_by_policy(as_operator(cluster, operator_identity, "create", "rolebinding",
-                                  "takeover", "-n", "kube-system", "--clusterrole=mtrl-operator",
+                                  "takeover", "-n", "kube-system",
+                                  f"--clusterrole={chart_identity.FULLNAME}",
                                   "--user=attacker"))
     error = as_operator(cluster, operator_identity, "create", "rolebinding", "takeover", "-n",
                         "kube-system", "--clusterrole=cluster-admin", "--user=attacker")
@@ -137,7 +138,7 @@ def test_in_a_runs_namespace_only_what_the_operator_owns(
     refused_by_policy(as_operator(*op, "create", "-f", "-", input=owned(
         "RoleBinding", "r-progress-writer", ns, uid, apiVersion="rbac.authorization.k8s.io/v1",
         roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                 "name": "mtrl-operator"},
+                 "name": chart_identity.FULLNAME},
         subjects=[{"kind": "ServiceAccount", "name": "default", "namespace": ns}])))
     refused_by_policy(as_operator(*op, "create", "-f", "-", input=json.dumps({
         "apiVersion": "v1", "kind": "Event",
