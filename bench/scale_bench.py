@@ -12,9 +12,10 @@ For each N, on the local control plane with moto, with compute simulated:
 5. every run is deleted; time until the API server has none left;
 6. the operator's peak RSS (VmHWM) and CPU seconds from /proc (also at the moment all runs
    were Running, and the CPU of moto, kube-apiserver and etcd), its Kubernetes API requests
-   from the API server's audit log (it runs as its own user), its AWS requests from its
-   `mtrl_cloud_api_requests_total` counter (botocore's before-send: retries included), and
-   its reconciles from `mtrl_reconcile_seconds_count`.
+   from the API server's audit log (it runs as the chart's ServiceAccount, under the chart's
+   RBAC and admission policy, and the log records that user's requests), its AWS requests
+   from its `mtrl_cloud_api_requests_total` counter (botocore's before-send: retries
+   included), and its reconciles from `mtrl_reconcile_seconds_count`.
 
     python bench/scale_bench.py --runs 10 100 500
 """
@@ -45,7 +46,8 @@ from lightkube.resources.core_v1 import Namespace
 from lightkube.types import PatchType
 
 from mtrl_operator.adapters.kube import MultiTurnRLRun, PyTorchJob
-from mtrl_testbed import census
+from mtrl_testbed import census, chart_identity
+from mtrl_testbed.chart_identity import ChartIdentity
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.moto import MotoServer
 from mtrl_testbed.operator import OperatorProcess
@@ -53,7 +55,7 @@ from mtrl_testbed.ports import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 PYTORCHJOB_CRD = REPO / "tests" / "fixtures" / "thirdparty-crds" / "kubeflow.org_pytorchjobs.yaml"
-OPERATOR_USER = "mtrl-operator"
+OPERATOR_USER = chart_identity.USERNAME
 POLL = 0.1  # for the run phases, kept by a watch; moto is asked every 0.5 s
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -199,7 +201,7 @@ def _until(check: Any, timeout: float, what: str, interval: float = POLL) -> flo
     return time.monotonic()
 
 
-def measure(cluster: LocalCluster, moto: MotoServer, root: Path, n: int,
+def measure(cluster: LocalCluster, moto: MotoServer, identity: ChartIdentity, root: Path, n: int,
             timeout: float) -> dict[str, Any]:
     moto.reset()
     subnet, group = moto.prepare_fargate()
@@ -208,12 +210,12 @@ def measure(cluster: LocalCluster, moto: MotoServer, root: Path, n: int,
     namespace = f"scale-{n}"
     client.create(Namespace.from_dict({"metadata": {"name": namespace}}))
     audit_offset = cluster.audit_log.stat().st_size if cluster.audit_log.exists() else 0
-    operator = OperatorProcess(cluster, {**moto.env(), "MTRL_RESYNC_SECONDS": "30",
+    operator = OperatorProcess(cluster, {**moto.env(), **identity.env, "MTRL_RESYNC_SECONDS": "30",
                                          "MTRL_SWEEP_INTERVAL_SECONDS": "0",
                                          "MTRL_OPERATOR_ID": f"scale-{n}",
                                          "MTRL_LOG_FORMAT": "json"},
                                root / f"operator-{n}.log",
-                               kubeconfig=cluster.root / "operator.kubeconfig").start()
+                               kubeconfig=identity.kubeconfig).start()
     trainer_operator = TrainingOperator(client, namespace).start()
     runs = PhaseWatch(client, namespace)
     try:
@@ -327,8 +329,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         os.environ.update(moto.env())
         cluster.install_crds(REPO / "crds")
         cluster.install_crds(PYTORCHJOB_CRD)
+        identity = chart_identity.install(cluster)
         for n in args.runs:
-            results.append(measure(cluster, moto, root, n, args.timeout))
+            results.append(measure(cluster, moto, identity, root, n, args.timeout))
             print(json.dumps(results[-1]), flush=True)
     finally:
         moto.stop()

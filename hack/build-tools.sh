@@ -17,7 +17,12 @@ TOOLS_DIR="${MTRL_TOOLS_DIR:-${HOME}/.cache/mtrl/tools-${KEY}}"
 BIN="${TOOLS_DIR}/bin"
 WANT=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd helm)
 
-have_all() { for b in "${WANT[@]}"; do [ -x "${BIN}/${b}" ] || return 1; done; }
+# How helm is built. Its stamp file sits beside the binary: a helm built another way (an older
+# recipe of this script) is rebuilt alone, without touching the Kubernetes binaries' cache key.
+HELM_RECIPE="helm ${HELM_VERSION}; ldflags: version, k8sVersion from its client-go (v1)"
+helm_current() { [ -x "${BIN}/helm" ] && [ "$(cat "${BIN}/helm.stamp" 2>/dev/null)" = "${HELM_RECIPE}" ]; }
+
+have_all() { for b in "${WANT[@]}"; do [ -x "${BIN}/${b}" ] || return 1; done; helm_current; }
 if have_all; then echo "${BIN}"; exit 0; fi
 
 command -v go >/dev/null || { echo "go toolchain not found; install Go >= 1.24" >&2; exit 1; }
@@ -91,11 +96,31 @@ GO
   go build -ldflags "-s -w" -o "${BIN}/etcd.tmp" . && mv "${BIN}/etcd.tmp" "${BIN}/etcd"
 fi
 
-# --- helm: its own module, so its k8s.io versions never meet ours.
-if [ ! -x "${BIN}/helm" ]; then
+# --- helm: its own module, so its k8s.io versions never meet ours. `go install` alone leaves
+# helm's version empty and its default Kubernetes version at v1.20, so `helm template` without
+# --kube-version fails a chart's `kubeVersion: >=1.30`. helm's own Makefile sets both with -X:
+# internal/version.version, and chartutil/lint rules' k8sVersionMajor/Minor from the client-go
+# it requires (v0.34.x -> 1.34).
+if ! helm_current; then
   log "building helm ${HELM_VERSION}"
-  GOBIN="${TOOLS_DIR}/src/helm-bin" go install -ldflags "-s -w" "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
+  helm_mod=$(go mod download -json "helm.sh/helm/v3@${HELM_VERSION}" \
+    | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  client_go=$(awk '$1 == "k8s.io/client-go" {print $2}' "${helm_mod}")
+  [ -n "${client_go}" ] || { echo "no k8s.io/client-go in ${helm_mod}" >&2; exit 1; }
+  client_go="${client_go#v}"
+  k8s_major=$(( ${client_go%%.*} + 1 ))
+  k8s_minor=$(echo "${client_go}" | cut -d. -f2)
+  h=helm.sh/helm/v3
+  helm_ldflags="-s -w -X ${h}/internal/version.version=${HELM_VERSION}"
+  helm_ldflags+=" -X ${h}/internal/version.metadata= -X ${h}/internal/version.gitTreeState=clean"
+  for pkg in pkg/chartutil pkg/lint/rules; do
+    helm_ldflags+=" -X ${h}/${pkg}.k8sVersionMajor=${k8s_major}"
+    helm_ldflags+=" -X ${h}/${pkg}.k8sVersionMinor=${k8s_minor}"
+  done
+  GOBIN="${TOOLS_DIR}/src/helm-bin" go install -ldflags "${helm_ldflags}" \
+    "helm.sh/helm/v3/cmd/helm@${HELM_VERSION}"
   mv "${TOOLS_DIR}/src/helm-bin/helm" "${BIN}/helm"
+  printf '%s\n' "${HELM_RECIPE}" > "${BIN}/helm.stamp"
 fi
 
 have_all || { echo "build incomplete in ${BIN}" >&2; exit 1; }

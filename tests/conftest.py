@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from mtrl_testbed import chart_identity
+from mtrl_testbed.chart_identity import ChartIdentity
 from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
 from mtrl_testbed.moto import MotoServer
 from mtrl_testbed.operator import OperatorProcess
@@ -110,16 +112,26 @@ def pods_reach_moto(cluster: LocalCluster, moto_server: MotoServer) -> None:
 
 
 @pytest.fixture(scope="session")
+def operator_identity(cluster: LocalCluster) -> ChartIdentity:
+    """The chart's ServiceAccount with the chart's RBAC and admission policy (default values,
+    cluster-wide): operators in tests act as it, so a permission the chart lacks fails them."""
+    return chart_identity.install(cluster)
+
+
+@pytest.fixture(scope="session")
 def operator_factory(cluster: LocalCluster, moto_server: MotoServer, aws_env: dict[str, str],
-                     pods_reach_moto: None) -> Iterator[Callable[..., OperatorProcess]]:
-    """Start `mtrl operator` processes against the local cluster and moto."""
+                     pods_reach_moto: None, operator_identity: ChartIdentity,
+                     ) -> Iterator[Callable[..., OperatorProcess]]:
+    """Start `mtrl operator` processes against the local cluster and moto, as the chart's
+    ServiceAccount unless given another kubeconfig."""
     subnet, group = moto_server.prepare_fargate()
     network = {"MTRL_ECS_SUBNETS": subnet, "MTRL_ECS_SECURITY_GROUPS": group}
     started: list[OperatorProcess] = []
 
     def start(kubeconfig: Path | None = None, **env: str) -> OperatorProcess:
-        proc = OperatorProcess(cluster, {**aws_env, **network, **env},
-                               ARTIFACTS / f"operator-{len(started)}.log", kubeconfig).start()
+        proc = OperatorProcess(cluster, {**aws_env, **network, **operator_identity.env, **env},
+                               ARTIFACTS / f"operator-{len(started)}.log",
+                               kubeconfig or operator_identity.kubeconfig).start()
         started.append(proc)
         return proc
 

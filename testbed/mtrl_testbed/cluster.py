@@ -37,8 +37,6 @@ _CLIENTS = {
     "controller-manager": ("system:kube-controller-manager", None),
     "scheduler": ("system:kube-scheduler", None),
     "node-agent": ("mtrl-node-agent", "system:masters"),
-    # A separate identity for an operator process, so the audit log can tell its requests apart.
-    "operator": ("mtrl-operator", "system:masters"),
 }
 # Controllers that need clouds, kubelets or node health we do not simulate.
 _DISABLED_CONTROLLERS = ("node-ipam-controller", "node-lifecycle-controller",

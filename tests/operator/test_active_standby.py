@@ -20,6 +20,7 @@ from collections.abc import Callable
 import boto3
 import pytest
 
+from mtrl_testbed import chart_identity
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.operator import OperatorProcess
 from tests.operator.runs import (
@@ -97,8 +98,8 @@ def test_the_standby_takes_over_from_a_killed_leader_without_doing_anything_twic
         assert len(leaders) == 1, [_health(p) for p in replicas]
         (leader,) = leaders
         (standby,) = [p for p in replicas if p is not leader]
-        lease = json.loads(cluster.kubectl("get", "lease", "mtrl-operator-ha", "-n", "default",
-                                           "-o", "json").stdout)
+        lease = json.loads(cluster.kubectl("get", "lease", "mtrl-operator-ha", "-n",
+                                           chart_identity.NAMESPACE, "-o", "json").stdout)
         assert lease["spec"]["holderIdentity"].startswith(
             "replica-a_" if leader is replicas[0] else "replica-b_")
 

@@ -1,8 +1,9 @@
 """A plain-HTTP proxy on loopback in front of the kube-apiserver, for Kubernetes faults.
 
 The operator gets a kubeconfig whose server is this proxy (`http://127.0.0.1:<port>`, no
-credentials); the proxy forwards every request over TLS with the admin client certificate and
-streams the answers back, watch streams included. On command it
+credentials); the proxy forwards every request over TLS with the token it was given (the
+operator's ServiceAccount's, so the chart's RBAC and admission policy apply) and streams the
+answers back, watch streams included. On command it
 
 - severs open connections (`cut`): every one, or only the requests whose path matches, so a
   watch stream ends mid-chunk as it does when a load balancer or the API server drops it;
@@ -84,14 +85,15 @@ class KubeProxy:
     """`with KubeProxy(cluster, tmp_path) as proxy:` gives `proxy.kubeconfig` to the operator."""
 
     def __init__(self, cluster: LocalCluster, directory: Path, conflict_rate: float = 0.0,
-                 seed: int = 0) -> None:
+                 seed: int = 0, *, token: str) -> None:
         self.upstream = cluster.server
         self.conflict_rate = conflict_rate
         self.counts = ProxyCounts()
         self._rng = random.Random(seed)
         self._ssl = ssl.create_default_context(cafile=str(cluster.root / "pki" / "ca.crt"))
-        self._ssl.load_cert_chain(str(cluster.root / "pki" / "admin.crt"),
-                                  str(cluster.root / "pki" / "admin.key"))
+        # Forwarded as the token's owner (the operator's ServiceAccount), with no client
+        # certificate: the API server would take that first.
+        self._auth = {"Authorization": f"Bearer {token}"}
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
@@ -204,7 +206,8 @@ class KubeProxy:
 
     async def _forward(self, request: web.BaseRequest, body: bytes) -> web.StreamResponse:
         assert self._session is not None
-        sent = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        sent = {**{k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP},
+                **self._auth}
         async with self._session.request(request.method, self.upstream + request.path_qs,
                                          headers=sent, data=body or None,
                                          allow_redirects=False) as upstream:

@@ -40,6 +40,7 @@ from lightkube.types import PatchType
 
 from mtrl_operator.adapters.kube import MultiTurnRLRun
 from mtrl_operator.naming import LABEL_ATTEMPT, LABEL_MANAGED_BY, LABEL_RUN_UID, MANAGED_BY, RunNames
+from mtrl_testbed.chart_identity import ChartIdentity
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.operator import OperatorProcess
 from mtrl_testbed.ports import wait_until
@@ -223,9 +224,9 @@ def start_operator(operator_factory: Callable[..., OperatorProcess],
     does not spin against a closed proxy for the rest of the session."""
     started: list[OperatorProcess] = []
 
-    def start(operator_id: str, kubeconfig: Path | None = None) -> OperatorProcess:
+    def start(operator_id: str, kubeconfig: Path | None = None, **env: str) -> OperatorProcess:
         proc = operator_factory(kubeconfig=kubeconfig, MTRL_OPERATOR_ID=operator_id,
-                                MTRL_NAMESPACES=own_namespace)
+                                MTRL_NAMESPACES=own_namespace, **env)
         started.append(proc)
         wait_until(lambda: urllib.request.urlopen(
             f"http://127.0.0.1:{proc.health_port}/healthz", timeout=2).status == 200,
@@ -375,7 +376,12 @@ def test_runs_survive_api_server_restarts(
         start_operator: Callable[..., OperatorProcess]) -> None:
     ns = own_namespace
     gate = tmp_path / "trainers-may-report"
-    operator = start_operator("kube-restart")
+    # The chart's lease timings, not the test bed's seconds: a restarted API server refuses a
+    # ServiceAccount (403) for a moment after it listens again, until its RBAC caches have
+    # filled (system:masters skips RBAC and never sees it), and a leader must ride out the
+    # restart and that moment without losing its Lease, as an installed one does.
+    operator = start_operator("kube-restart", MTRL_LEASE_DURATION_SECONDS="15",
+                              MTRL_RENEW_DEADLINE_SECONDS="10", MTRL_RETRY_PERIOD_SECONDS="2")
     specs = _apply_all(cluster, ns, {
         "restart-kube": {"trainer": _trainer(REPORTING, step_seconds=4, gate=gate)},
         "restart-ecs": {"trainer": _trainer(REPORTING, step_seconds=4, gate=gate),
@@ -416,10 +422,11 @@ def test_runs_survive_api_server_restarts(
 
 def test_runs_finish_when_watch_streams_are_cut(
         cluster: LocalCluster, own_namespace: str, admin: Client, ledger: ChildLedger,
-        tmp_path: Path, start_operator: Callable[..., OperatorProcess]) -> None:
+        tmp_path: Path, start_operator: Callable[..., OperatorProcess],
+        operator_identity: ChartIdentity) -> None:
     ns = own_namespace
     gate = tmp_path / "trainers-may-report"
-    with KubeProxy(cluster, tmp_path) as proxy:
+    with KubeProxy(cluster, tmp_path, token=operator_identity.token) as proxy:
         operator = start_operator("kube-cuts", kubeconfig=proxy.kubeconfig)
         specs = _apply_all(cluster, ns, {
             "cut-kube": {"trainer": _trainer(REPORTING, gate=gate)},
@@ -478,9 +485,11 @@ def test_runs_finish_when_watch_streams_are_cut(
 
 def test_runs_finish_with_full_status_through_status_conflicts(
         cluster: LocalCluster, own_namespace: str, admin: Client, ledger: ChildLedger,
-        tmp_path: Path, start_operator: Callable[..., OperatorProcess]) -> None:
+        tmp_path: Path, start_operator: Callable[..., OperatorProcess],
+        operator_identity: ChartIdentity) -> None:
     ns = own_namespace
-    with KubeProxy(cluster, tmp_path, conflict_rate=CONFLICT_RATE, seed=SEED) as proxy:
+    with KubeProxy(cluster, tmp_path, conflict_rate=CONFLICT_RATE, seed=SEED,
+                   token=operator_identity.token) as proxy:
         operator = start_operator("kube-conflicts", kubeconfig=proxy.kubeconfig)
         specs = _apply_all(cluster, ns, {
             "conflict-kube": {"trainer": _trainer(REPORTING, step_seconds=1)},

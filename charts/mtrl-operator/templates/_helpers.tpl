@@ -1,47 +1,105 @@
+{{- define "mtrl.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The release's full name: fullnameOverride, or <release>-<name> unless the release's name
+already contains it (KubeRay's and helm create's convention). */}}
 {{- define "mtrl.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "mtrl.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "mtrl.labels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "mtrl.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{- define "mtrl.selector" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "mtrl.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "mtrl.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
 {{- default (include "mtrl.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The user name the API server gives the operator's requests (what RBAC and the admission
+policy match). */}}
+{{- define "mtrl.serviceAccountUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "mtrl.serviceAccountName" .) -}}
 {{- end -}}
 
 {{- define "mtrl.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
-{{/* The operator's namespaced permissions, shared by the ClusterRole and the per-namespace Roles. */}}
+{{/* The leader-election Lease (the operator names it mtrl-operator-<operator id>). */}}
+{{- define "mtrl.leaseName" -}}
+{{- $name := printf "mtrl-operator-%s" .Values.operator.id -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$" $name) -}}
+{{- fail (printf "leaderElection: the Lease %q is not a valid object name; use an operator.id of lower-case letters, digits, '-' and '.'" $name) -}}
+{{- end -}}
+{{- $name -}}
+{{- end -}}
+
+{{/* The operator pod's and the cleanup hook's pod settings shared by both. */}}
+{{- define "mtrl.podCommon" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.podSecurityContext }}
+securityContext: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* The operator's namespaced permissions, shared by the ClusterRole and the per-namespace
+Roles: exactly the calls the operator makes (operator/mtrl_operator/adapters/kube.py, the
+controllers' watches, kopf's watches and Events). The admission policy narrows the writes further
+to objects the operator owns. */}}
 {{- define "mtrl.rules" -}}
-# create: triggers make runs; delete: triggers prune and replace them too.
+# Runs: kopf lists and watches them; finalizers and status are patched; triggers create runs
+# and prune old ones; a finished run with a TTL is deleted.
 - apiGroups: [mtrl.dev]
   resources: [multiturnrlruns]
-  verbs: [get, list, watch, create, patch, update, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [mtrl.dev]
-  resources: [multiturnrlruns/status]
-  verbs: [get, patch, update]
+  resources: [multiturnrlruns/status, multiturnrltriggers/status]
+  verbs: [patch]
 - apiGroups: [mtrl.dev]
   resources: [multiturnrltriggers]
-  verbs: [get, list, watch, patch, update]
+  verbs: [get, list, watch, patch]
+# Children carry ownerReferences with blockOwnerDeletion; where the OwnerReferencesPermission-
+# Enforcement admission plugin runs (OpenShift, some hardened clusters) that needs update on
+# the owner's finalizers.
 - apiGroups: [mtrl.dev]
-  resources: [multiturnrltriggers/status]
-  verbs: [get, patch, update]
+  resources: [multiturnrlruns/finalizers, multiturnrltriggers/finalizers]
+  verbs: [update]
+# Trainer workloads: get is a live read of the current attempt's workload before a run's
+# phase is decided on it (a cache may lag).
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, delete]
@@ -53,25 +111,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: [get, list, watch, create, delete]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, delete]
-# The run's config and progress ConfigMaps. patch: the operator may only create a Role that
-# grants the trainer get/patch on its progress ConfigMap if it holds those verbs itself.
+  verbs: [list, watch, create, delete]
+# The run's config and progress ConfigMaps (deleted with the run by the garbage collector).
+# get and patch: Kubernetes lets the operator create a Role granting the trainer get/patch on
+# its progress ConfigMap only if it holds those verbs itself.
 - apiGroups: [""]
   resources: [configmaps]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch]
+# The trainer's rendezvous Service (Job launcher).
 - apiGroups: [""]
   resources: [services]
   verbs: [list, create, delete]
+# The progress channel's Role and RoleBinding (deleted with the run by the garbage collector).
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [create]
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
-- apiGroups: [events.k8s.io]
-  resources: [events]
-  verbs: [create, patch]
-- apiGroups: [kopf.dev]
-  resources: [kopfpeerings]
-  verbs: [get, list, watch, patch]
+  verbs: [create]
 {{- end -}}

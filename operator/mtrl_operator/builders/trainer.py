@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from mtrl_operator.api.run import LauncherKind, MultiTurnRLRunSpec
+from mtrl_operator.builders import security
 from mtrl_operator.builders.env import CONFIG_DIR, CONFIG_FILE, as_k8s
 from mtrl_operator.naming import PROGRESS_KEY, RunNames
 from mtrl_operator.retries import RetryOwner, retry_owner
@@ -193,7 +194,9 @@ def pod_template(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
             "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                              {"name": "dshm", "mountPath": "/dev/shm"}],
             "ports": _ports(trainer.launcher),
+            "securityContext": security.container_security_context(),
         }],
+        "securityContext": security.pod_security_context(),
         "volumes": [
             {"name": "config", "configMap": {"name": names.config_map}},
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": trainer.shm_size}},

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mtrl_operator.api.run import MultiTurnRLRunSpec
+from mtrl_operator.builders import security
 from mtrl_operator.builders.env import HEALTH_PORT, as_k8s
 from mtrl_operator.errors import SpecError
 from mtrl_operator.naming import RunNames
@@ -102,9 +103,9 @@ def deployment(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
                               "periodSeconds": 20, "failureThreshold": 3},
             "resources": {"requests": {"cpu": f"{millicores}m", "memory": f"{workers.memory}Mi"},
                           "limits": {"memory": f"{workers.memory}Mi"}},
-            "securityContext": {"allowPrivilegeEscalation": False, "runAsNonRoot": True,
-                                "runAsUser": 65532, "capabilities": {"drop": ["ALL"]}},
+            "securityContext": security.container_security_context(),
         }],
+        "securityContext": security.pod_security_context(),
         "terminationGracePeriodSeconds": 45,
         "nodeSelector": dict(workers.kubernetes.node_selector),
     }
