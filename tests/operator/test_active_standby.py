@@ -8,6 +8,7 @@ Lease is a real `coordination.k8s.io/v1` Lease (the test bed's lease timings are
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -16,11 +17,13 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import boto3
 import pytest
 
 from mtrl_testbed import chart_identity
+from mtrl_testbed.chart_identity import ChartIdentity
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.operator import OperatorProcess
 from tests.operator.runs import (
@@ -33,6 +36,7 @@ from tests.operator.runs import (
     wait_for,
     wait_phase,
 )
+from tests.robustness.kubeproxy import KubeProxy
 
 pytestmark = [pytest.mark.cluster, pytest.mark.aws, pytest.mark.slow]
 ECS_WORKERS = {"backend": "ecs-fargate", "cpu": 256, "memory": 512, "minReplicas": 1,
@@ -149,3 +153,41 @@ def test_the_standby_takes_over_from_a_killed_leader_without_doing_anything_twic
         for proc in replicas:
             proc.stop()
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _logged_at(proc: OperatorProcess, text: str) -> dt.datetime | None:
+    """When the operator's JSON log last said `text` (the file is appended to across runs)."""
+    found = None
+    for line in proc.log_path.read_text().splitlines():
+        if text in line:
+            found = dt.datetime.fromisoformat(json.loads(line)["ts"])
+    return found
+
+
+def test_a_leader_cut_off_from_the_api_server_stops_before_the_standby_starts(
+        cluster: LocalCluster, operator_factory: Callable[..., OperatorProcess],
+        operator_identity: ChartIdentity, tmp_path: Path) -> None:
+    """A partition longer than the renew deadline: the leader exits (its kubelet would restart
+    it as a standby) before its Lease can expire, so the standby never acts beside it."""
+    namespace = f"ha-cut-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", namespace)
+    env = {"MTRL_OPERATOR_ID": "ha-cut", "MTRL_NAMESPACES": namespace}
+    with KubeProxy(cluster, tmp_path, token=operator_identity.token) as proxy:
+        leader = operator_factory(kubeconfig=proxy.kubeconfig, MTRL_POD_NAME="cut-off", **env)
+        wait_for(lambda: (_health(leader) or {}).get("leader"), 60, "the first to lead")
+        standby = operator_factory(MTRL_POD_NAME="standby", **env)
+        try:
+            wait_for(lambda: _health(standby), 60, "the standby to answer")
+            with proxy.partition():
+                wait_for(lambda: not leader.alive, 60, "the cut-off leader to exit")
+                assert leader.wait(5) == 1
+            wait_for(lambda: (_health(standby) or {}).get("leader"), 60, "the standby to lead")
+            lost = _logged_at(leader, "leadership lost")
+            acquired = _logged_at(standby, "acquired the lease")
+            assert lost is not None and acquired is not None
+            print(f"\nthe cut-off leader exited {(acquired - lost).total_seconds():.1f}s before "
+                  "the standby took the Lease")
+            assert lost < acquired
+        finally:
+            standby.stop()
+            cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

