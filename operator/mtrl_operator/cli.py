@@ -12,9 +12,9 @@ from pathlib import Path
 
 
 def _crds(args: argparse.Namespace) -> int:
-    from mtrl_operator.api import crdgen
+    from mtrl_api import crdgen
 
-    outs = args.out or crdgen.DESTINATIONS
+    outs = args.out or [Path(p) for p in CRD_FOLDERS]
     if args.check:
         stale = [out / name for out in outs for name in crdgen.stale(out)]
         for path in stale:
@@ -25,6 +25,10 @@ def _crds(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
     return 0
 
+
+# Run from the repository's root, `mtrl crds` writes the CRDs where the repo and the Helm chart
+# keep them (the same files in both).
+CRD_FOLDERS = ("crds", "charts/mtrl-operator/crds")
 
 # Subcommands whose own parser takes the remaining arguments: name -> (module:function, help).
 DELEGATES = {
@@ -51,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
     crds = sub.add_parser("crds", help="write the CRDs generated from the API models")
     crds.add_argument("--out", type=Path, action="append",
-                      help="folder to write (repeatable); default: crds/ and the chart's crds/")
+                      help="folder to write (repeatable); default: crds/ and the chart's crds/ "
+                      "below the current folder")
     crds.add_argument("--check", action="store_true", help="exit 1 if crds/ is stale")
     crds.set_defaults(func=_crds)
 

@@ -7,14 +7,14 @@ from typing import Any
 
 import kopf
 
+from mtrl_api import GROUP, VERSION
 from mtrl_operator.adapters import mutations
 from mtrl_operator.adapters.aws import Aws
 from mtrl_operator.adapters.kube import Kube
 from mtrl_operator.adapters.trigger_aws import TriggerAws
-from mtrl_operator.api import GROUP, VERSION
-from mtrl_operator.controller import Controller
+from mtrl_operator.controllers.run import Controller
+from mtrl_operator.controllers.trigger import TriggerController
 from mtrl_operator.settings import Settings
-from mtrl_operator.triggers.controller import TriggerController
 
 
 class _State:

@@ -10,7 +10,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from mtrl_operator.api import GROUP
+from mtrl_api import GROUP
 from mtrl_rollout.queues import (  # the data plane tags alike
     MANAGED_BY,
     TAG_COMPONENT,

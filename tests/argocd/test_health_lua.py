@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mtrl_operator.api.run import Condition, MultiTurnRLRunStatus, Phase
+from mtrl_api.run import Condition, MultiTurnRLRunStatus, Phase
 from mtrl_operator.naming import FINALIZER
 from tests.argocd.luacheck import ARGOCD, PATCH, REPO, ArgoCD
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from mtrl_operator.api.run import Phase
-from mtrl_operator.api.trigger import MultiTurnRLTriggerSpec, MultiTurnRLTriggerStatus
-from mtrl_operator.triggers import decide
-from mtrl_operator.triggers.decide import QueueState, RunView
+from mtrl_api.run import Phase
+from mtrl_api.trigger import MultiTurnRLTriggerSpec, MultiTurnRLTriggerStatus
+from mtrl_operator.reconcile import trigger as decide
+from mtrl_operator.reconcile.trigger import QueueState, RunView
 from tests.argocd.luacheck import ArgoCD
 
 NOW = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mtrl_operator.api.run import MultiTurnRLRunSpec
+from mtrl_api.run import MultiTurnRLRunSpec
 from mtrl_operator.builders.trainer import pod_template
 from mtrl_operator.builders.workers import WORKER_COMMAND, deployment
 from mtrl_operator.cli import DELEGATES

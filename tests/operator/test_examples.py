@@ -20,8 +20,8 @@ import boto3
 import pytest
 import yaml
 
-from mtrl_operator.api.run import MultiTurnRLRunSpec
-from mtrl_operator.observe import spec_problem
+from mtrl_api.run import MultiTurnRLRunSpec
+from mtrl_operator.reconcile.observe import spec_problem
 from mtrl_operator.settings import Settings
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.moto import REGION, MotoServer

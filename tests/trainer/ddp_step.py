@@ -12,7 +12,7 @@ import sys
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from mtrl_operator.api.run import ModelSpec
+from mtrl_api.run import ModelSpec
 from mtrl_trainer.batch import Row
 from mtrl_trainer.distributed import broadcast, close_world, init_world
 from mtrl_trainer.logprobs import SequenceLogprobs

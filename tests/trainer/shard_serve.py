@@ -20,7 +20,7 @@ import torch.distributed as dist
 from ddp_step import fixed_rows
 from torch.nn.parallel import DistributedDataParallel
 
-from mtrl_operator.api.run import ModelSpec
+from mtrl_api.run import ModelSpec
 from mtrl_rollout.protocol import ChatMessage, GenerateRequest, GenerateResponse
 from mtrl_trainer.distributed import broadcast, close_world, init_world
 from mtrl_trainer.generation import GenerationService, SamplingConfig

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mtrl_operator.api.run import ModelSpec  # noqa: E402
+from mtrl_api.run import ModelSpec  # noqa: E402
 from mtrl_rollout.protocol import ChatMessage, GenerateRequest  # noqa: E402
 from mtrl_trainer.generation import GenerationService, SamplingConfig  # noqa: E402
 from mtrl_trainer.models import load_policy  # noqa: E402

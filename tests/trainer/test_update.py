@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mtrl_operator.api.run import ModelSpec  # noqa: E402
+from mtrl_api.run import ModelSpec  # noqa: E402
 from mtrl_rollout.protocol import ChatMessage, RolloutResult, TurnRecord  # noqa: E402
 from mtrl_trainer.batch import build_rows  # noqa: E402
 from mtrl_trainer.decoder import FastDecoder  # noqa: E402

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from mtrl_operator.api.run import MultiTurnRLRunSpec
+from mtrl_api.run import MultiTurnRLRunSpec
 
 DEFAULT_CONFIG_PATH = "/etc/mtrl/run.json"
 DEFAULT_COLLECT_GRACE_S = 30.0

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from mtrl_operator.api.run import DatasetSpec
+from mtrl_api.run import DatasetSpec
 from mtrl_trainer import s3
 
 Task = dict[str, Any]

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
-from mtrl_operator.api.run import ModelSpec
+from mtrl_api.run import ModelSpec
 from mtrl_trainer.s3 import download_prefix, parse_s3_uri
 from mtrl_trainer.tokenizer import CharChatTokenizer, ChatTokenizer, HFChatTokenizer
 

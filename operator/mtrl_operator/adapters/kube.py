@@ -14,9 +14,9 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Event as CoreEvent
 from lightkube.types import CascadeType, PatchType
 
+from mtrl_api import API_VERSION, GROUP, VERSION
 from mtrl_operator import metrics
 from mtrl_operator.adapters.mutations import mutating
-from mtrl_operator.api import API_VERSION, GROUP, VERSION
 from mtrl_operator.errors import SpecError, StaleCopy
 
 log = logging.getLogger("mtrl.kube")

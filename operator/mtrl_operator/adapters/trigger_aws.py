@@ -16,13 +16,13 @@ from typing import Any
 import boto3
 from botocore.exceptions import ClientError
 
+from mtrl_api.trigger import S3Source
 from mtrl_operator import metrics
 from mtrl_operator.adapters.aws import QUEUE_GONE, call, client, tagged_resources
-from mtrl_operator.api.trigger import S3Source
+from mtrl_operator.builders import triggers as build
 from mtrl_operator.builders.queues import QueueRequest
 from mtrl_operator.naming import TAG_SOURCE_BUCKET, TAG_TRIGGER_UID, TriggerNames
-from mtrl_operator.triggers import build
-from mtrl_operator.triggers.decide import QueueState
+from mtrl_operator.reconcile.trigger import QueueState
 from mtrl_rollout.sqs import Sqs
 
 log = logging.getLogger("mtrl.trigger.aws")

@@ -8,9 +8,9 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import PatchType
 
+from mtrl_api import GROUP, VERSION
 from mtrl_operator.adapters.kube import Kube, MultiTurnRLRun
 from mtrl_operator.adapters.mutations import mutating
-from mtrl_operator.api import GROUP, VERSION
 
 MultiTurnRLTrigger = create_namespaced_resource(GROUP, VERSION, "MultiTurnRLTrigger",
                                                 "multiturnrltriggers")

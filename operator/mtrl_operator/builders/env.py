@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from urllib.parse import urlparse
 
-from mtrl_operator.api.run import MultiTurnRLRunSpec
+from mtrl_api.run import MultiTurnRLRunSpec
 from mtrl_operator.naming import RunNames
 
 CONFIG_DIR = "/etc/mtrl"

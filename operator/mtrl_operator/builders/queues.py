@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from mtrl_operator.api.run import QueuesSpec
+from mtrl_api.run import QueuesSpec
 from mtrl_operator.naming import RunNames
 
 # Created first, so the others can name it in their redrive policy.

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mtrl_operator.api.run import LauncherKind, MultiTurnRLRunSpec
+from mtrl_api.run import LauncherKind, MultiTurnRLRunSpec
 from mtrl_operator.builders import security
 from mtrl_operator.builders.env import CONFIG_DIR, CONFIG_FILE, as_k8s
 from mtrl_operator.naming import PROGRESS_KEY, RunNames
-from mtrl_operator.retries import RetryOwner, retry_owner
+from mtrl_operator.reconcile.retries import RetryOwner, retry_owner
 
 RENDEZVOUS_PORT = 29500
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -263,7 +263,7 @@ def workload(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str], att
             "runPolicy": {
                 "cleanPodPolicy": "All",
                 "ttlSecondsAfterFinished": HYPERPOD_TTL_SECONDS,
-                # HyperPod owns retries for this launcher (mtrl_operator.retries): process
+                # HyperPod owns retries for this launcher (mtrl_operator.reconcile.retries): process
                 # restarts, then full job restarts, all within the one budget.
                 "jobMaxRetryCount": retries,
                 "restartPolicy": {"numRestartBeforeFullJobRestart": retries,

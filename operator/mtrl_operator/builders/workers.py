@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mtrl_operator.api.run import MultiTurnRLRunSpec
+from mtrl_api.run import MultiTurnRLRunSpec
 from mtrl_operator.builders import security
 from mtrl_operator.builders.env import HEALTH_PORT, as_k8s
 from mtrl_operator.errors import SpecError

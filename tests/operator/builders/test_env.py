@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from mtrl_operator.api.run import OPERATOR_ENV, MultiTurnRLRunSpec
+from mtrl_api.run import OPERATOR_ENV, MultiTurnRLRunSpec
 from mtrl_operator.builders.env import trainer_env, worker_env
 from mtrl_operator.naming import RunNames
 

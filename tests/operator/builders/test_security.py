@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from mtrl_operator.api.run import MultiTurnRLRunSpec
+from mtrl_api.run import MultiTurnRLRunSpec
 from mtrl_operator.builders import trainer, workers
 from mtrl_operator.builders.env import trainer_env, worker_env
 from mtrl_operator.naming import RunNames

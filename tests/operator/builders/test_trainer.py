@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mtrl_operator.api.run import MultiTurnRLRunSpec
+from mtrl_api.run import MultiTurnRLRunSpec
 from mtrl_operator.builders.trainer import (
     ELASTIC_AGENT_PORT,
     STEP_LOG_PATTERN,

@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mtrl_operator.api.run import MultiTurnRLRunSpec, Progress, WorkerBackend, WorkersSpec
-from mtrl_operator.reconcile import TrainerObserved, TrainerState
+from mtrl_api.run import MultiTurnRLRunSpec, Progress, WorkerBackend, WorkersSpec
+from mtrl_operator.reconcile.run import TrainerObserved, TrainerState
 from mtrl_operator.settings import Settings
 
 # Fargate's valid memory (MiB) for each cpu size.

@@ -26,23 +26,24 @@ from lightkube.core.exceptions import ApiError
 from prometheus_client import Counter
 from pydantic import ValidationError
 
-from mtrl_operator import metrics
-from mtrl_operator.adapters.kube import Kube, merge_patch
-from mtrl_operator.adapters.trigger_aws import TriggerAws
-from mtrl_operator.adapters.trigger_kube import TriggerKube
-from mtrl_operator.api import GROUP
-from mtrl_operator.api.run import Phase
-from mtrl_operator.api.trigger import (
+from mtrl_api import GROUP
+from mtrl_api.run import Phase
+from mtrl_api.trigger import (
     MultiTurnRLTriggerSpec,
     MultiTurnRLTriggerStatus,
     ObjectOutcome,
 )
+from mtrl_operator import metrics
+from mtrl_operator.adapters.kube import Kube, merge_patch
+from mtrl_operator.adapters.trigger_aws import TriggerAws
+from mtrl_operator.adapters.trigger_kube import TriggerKube
+from mtrl_operator.builders import triggers as build
 from mtrl_operator.errors import SpecError
 from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE, FINALIZER, TriggerNames
+from mtrl_operator.reconcile import trigger as decide
+from mtrl_operator.reconcile.notifications import MalformedNotification, ObjectEvent, parse
+from mtrl_operator.reconcile.trigger import QueueState, RunView
 from mtrl_operator.settings import Settings
-from mtrl_operator.triggers import build, decide
-from mtrl_operator.triggers.decide import QueueState, RunView
-from mtrl_operator.triggers.notifications import MalformedNotification, ObjectEvent, parse
 from mtrl_operator.workqueue import WorkQueue, every
 from mtrl_rollout.sqs import Outgoing, Received, Sqs
 

@@ -12,7 +12,7 @@ import yaml
 
 from mtrl_testbed.cluster import LocalCluster
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 BASE = yaml.safe_load((REPO / "manifests" / "examples" / "tiny-cpu.yaml").read_text())
 DELETE = object()
 

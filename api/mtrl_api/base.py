@@ -3,7 +3,7 @@
 Every API model derives from `ApiModel`: camelCase on the wire, snake_case in Python, unknown
 fields ignored on read (the API server has already pruned them against the CRD schema).
 `rules()` and `list_map()` attach Kubernetes-only schema keywords that pydantic has no words
-for; the CRD generator (`mtrl_operator.api.crdgen`) turns them into
+for; the CRD generator (`mtrl_api.crdgen`) turns them into
 `x-kubernetes-validations` and `x-kubernetes-list-*`.
 """
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from mtrl_api.run import MultiTurnRLRunStatus, Phase
 from mtrl_operator import metrics
-from mtrl_operator.api.run import MultiTurnRLRunStatus, Phase
-from mtrl_operator.controller import Controller
-from mtrl_operator.reconcile import Act, Decision
+from mtrl_operator.controllers.run import Controller
+from mtrl_operator.reconcile.run import Act, Decision
 from mtrl_operator.settings import Settings
 
 

@@ -9,22 +9,23 @@ from typing import Any
 
 import pytest
 
-from mtrl_operator.api.run import MultiTurnRLRunSpec, Phase
-from mtrl_operator.api.trigger import (
+from mtrl_api.run import MultiTurnRLRunSpec, Phase
+from mtrl_api.trigger import (
     PROCESSED_OBJECTS_MAX,
     RECENT_OBJECTS_MAX,
     MultiTurnRLTriggerSpec,
     MultiTurnRLTriggerStatus,
     ObjectOutcome,
 )
+from mtrl_operator.builders import triggers as build
 from mtrl_operator.naming import TriggerNames, object_hash
-from mtrl_operator.triggers import build, decide
-from mtrl_operator.triggers.decide import Admission, QueueState, RunView
-from mtrl_operator.triggers.notifications import (
+from mtrl_operator.reconcile import trigger as decide
+from mtrl_operator.reconcile.notifications import (
     MalformedNotification,
     ObjectEvent,
     parse,
 )
+from mtrl_operator.reconcile.trigger import Admission, QueueState, RunView
 
 NOW = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 NAMES = TriggerNames("team-a", "wordle-data", "0b7c8a52-1f0e-4d59-9c1e-5b0f8a2f6e11", "ops")

@@ -14,7 +14,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from mtrl_operator.api.run import (
+from mtrl_api.run import (
     Condition,
     LauncherKind,
     MultiTurnRLRunSpec,
@@ -24,7 +24,7 @@ from mtrl_operator.api.run import (
     ResourceRefs,
     WorkersStatus,
 )
-from mtrl_operator.retries import RetryOwner, retry_owner
+from mtrl_operator.reconcile.retries import RetryOwner, retry_owner
 
 SUCCEEDED_OUTCOME = "Succeeded"  # what a trainer writes into its progress once training is done
 

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from mtrl_operator.api.base import ApiModel, list_map, list_set, rule, rules
+from mtrl_api.base import ApiModel, list_map, list_set, rule, rules
 
 # Bounds on strings and lists keep the API server's CEL cost estimates finite.
 Name = Annotated[str, Field(min_length=1, max_length=253)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from mtrl_operator.api.run import LauncherKind
+from mtrl_api.run import LauncherKind
 
 
 class RetryOwner(StrEnum):

@@ -7,8 +7,8 @@ import copy
 import json
 from typing import Any
 
-from mtrl_operator.api import API_VERSION
-from mtrl_operator.api.trigger import S3Source
+from mtrl_api import API_VERSION
+from mtrl_api.trigger import S3Source
 from mtrl_operator.builders.queues import QueueRequest
 from mtrl_operator.naming import (
     ANNOTATION_SOURCE_BUCKET,
@@ -17,7 +17,7 @@ from mtrl_operator.naming import (
     ANNOTATION_SOURCE_VERSION_ID,
     TriggerNames,
 )
-from mtrl_operator.triggers.notifications import ObjectEvent
+from mtrl_operator.reconcile.notifications import ObjectEvent
 
 # Long enough that a suspended trigger keeps two weeks of uploads (SQS's longest retention).
 RETENTION_SECONDS = "1209600"

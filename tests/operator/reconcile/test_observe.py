@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from mtrl_operator.api.run import MultiTurnRLRunSpec
-from mtrl_operator.observe import (
+from mtrl_api.run import MultiTurnRLRunSpec
+from mtrl_operator.reconcile.observe import (
     newest_true_condition,
     reward_components,
     spec_problem,
     trainer_report,
     trainer_state,
 )
-from mtrl_operator.reconcile import TrainerState
+from mtrl_operator.reconcile.run import TrainerState
 from mtrl_operator.settings import Settings
 
 

@@ -21,6 +21,14 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import ConfigMap, Service
 from pydantic import ValidationError
 
+from mtrl_api.run import (
+    MultiTurnRLRunSpec,
+    MultiTurnRLRunStatus,
+    Phase,
+    QueueRef,
+    ResourceRefs,
+    WorkerBackend,
+)
 from mtrl_operator import metrics
 from mtrl_operator.adapters.aws import Aws, WorkerTask
 from mtrl_operator.adapters.kube import (
@@ -30,14 +38,6 @@ from mtrl_operator.adapters.kube import (
     PyTorchJob,
     merge_patch,
     owner_reference,
-)
-from mtrl_operator.api.run import (
-    MultiTurnRLRunSpec,
-    MultiTurnRLRunStatus,
-    Phase,
-    QueueRef,
-    ResourceRefs,
-    WorkerBackend,
 )
 from mtrl_operator.builders import queues as queue_builders
 from mtrl_operator.builders import trainer as trainer_builders
@@ -54,13 +54,13 @@ from mtrl_operator.naming import (
     MANAGED_BY,
     RunNames,
 )
-from mtrl_operator.observe import (
+from mtrl_operator.reconcile.observe import (
     progress_from_configmap,
     spec_problem,
     trainer_report,
     trainer_state,
 )
-from mtrl_operator.reconcile import Act, Decision, Observed, TrainerObserved, decide
+from mtrl_operator.reconcile.run import Act, Decision, Observed, TrainerObserved, decide
 from mtrl_operator.settings import Settings
 from mtrl_operator.workqueue import WorkQueue, every
 

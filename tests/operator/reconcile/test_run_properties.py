@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mtrl_operator.api.run import LauncherKind, MultiTurnRLRunSpec, MultiTurnRLRunStatus, Phase
-from mtrl_operator.reconcile import Act, Decision, Observed, TrainerObserved, TrainerState, decide
+from mtrl_api.run import LauncherKind, MultiTurnRLRunSpec, MultiTurnRLRunStatus, Phase
+from mtrl_operator.reconcile.run import Act, Decision, Observed, TrainerObserved, TrainerState, decide
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 ENSURE = {Act.ENSURE_QUEUES, Act.ENSURE_WORKERS, Act.ENSURE_TRAINER}

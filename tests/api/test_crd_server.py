@@ -9,7 +9,7 @@ import pytest
 
 from mtrl_testbed.cluster import LocalCluster
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
 
 pytestmark = pytest.mark.cluster

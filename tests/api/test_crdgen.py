@@ -7,14 +7,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mtrl_operator.api import crdgen
-from mtrl_operator.api.run import MultiTurnRLRunSpec
-from mtrl_operator.api.trigger import MultiTurnRLTriggerSpec
+from mtrl_api import crdgen
+from mtrl_api.run import MultiTurnRLRunSpec
+from mtrl_api.trigger import MultiTurnRLTriggerSpec
+from mtrl_operator.cli import CRD_FOLDERS
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("folder", crdgen.DESTINATIONS, ids=lambda p: str(p.relative_to(REPO)))
+@pytest.mark.parametrize("folder", [REPO / f for f in CRD_FOLDERS], ids=lambda p: str(p.relative_to(REPO)))
 def test_crds_are_fresh(folder: Path) -> None:
     assert crdgen.stale(folder) == [], f"{folder} is stale: run `make crds`"
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
-from mtrl_operator.api.run import (
+from mtrl_api.run import (
     LauncherKind,
     MultiTurnRLRunSpec,
     MultiTurnRLRunStatus,
     Phase,
     Progress,
 )
-from mtrl_operator.reconcile import Act, Observed, TrainerObserved, TrainerState, decide
+from mtrl_operator.reconcile.run import Act, Observed, TrainerObserved, TrainerState, decide
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 SPEC = MultiTurnRLRunSpec.model_validate({

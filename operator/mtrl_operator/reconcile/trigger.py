@@ -12,8 +12,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from mtrl_operator.api.run import Phase
-from mtrl_operator.api.trigger import (
+from mtrl_api.run import Phase
+from mtrl_api.trigger import (
     ACTIVE_MAX,
     PROCESSED_OBJECTS_MAX,
     RECENT_OBJECTS_MAX,
@@ -25,8 +25,8 @@ from mtrl_operator.api.trigger import (
     S3Source,
 )
 from mtrl_operator.naming import TriggerNames, object_hash
-from mtrl_operator.reconcile import set_condition
-from mtrl_operator.triggers.notifications import ObjectEvent
+from mtrl_operator.reconcile.notifications import ObjectEvent
+from mtrl_operator.reconcile.run import set_condition
 
 
 def _time(value: str | None) -> dt.datetime | None:

@@ -15,8 +15,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from mtrl_operator.api.base import ApiModel, list_map, rule, rules
-from mtrl_operator.api.run import (
+from mtrl_api.base import ApiModel, list_map, rule, rules
+from mtrl_api.run import (
     _KEYS_QUALIFIED,
     Condition,
     LabelMap,
