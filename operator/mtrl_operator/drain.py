@@ -8,56 +8,37 @@ resources). Triggers go first, so no new run starts while the runs are being del
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
-from typing import Any
 
-from lightkube import Client
-from lightkube.core.exceptions import ApiError
-
-from mtrl_operator.adapters.kube import MultiTurnRLRun
-from mtrl_operator.adapters.trigger_kube import MultiTurnRLTrigger
+from mtrl_operator.adapters.kube import Kube
 from mtrl_operator.settings import Settings
 
-
-def _listed(client: Client, resource: Any, namespaces: list[str]) -> list[tuple[str, str]]:
-    found = []
-    for ns in namespaces or ["*"]:
-        try:
-            found += [(r.metadata.namespace, r.metadata.name)
-                      for r in client.list(resource, namespace=ns)]
-        except ApiError as exc:
-            if exc.status.code != 404:  # no trigger CRD installed: no triggers
-                raise
-    return found
+KINDS = ("MultiTurnRLTrigger", "MultiTurnRLRun")
 
 
-def _delete_all(client: Client, resource: Any, namespaces: list[str]) -> None:
-    for namespace, name in _listed(client, resource, namespaces):
-        try:
-            client.delete(resource, name, namespace=namespace)
-            print(f"deleting {resource.__name__} {namespace}/{name}", flush=True)
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
+async def drain(kube: Kube, scopes: list[str], wait_s: float) -> list[tuple[str, str]]:
+    """Delete every trigger, then every run; what is left after `wait_s` seconds."""
+    for kind in KINDS:
+        for namespace, name in await kube.names(kind, scopes):
+            await kube.delete(kind, name, namespace)
+            print(f"deleting {kind} {namespace}/{name}", flush=True)
+    deadline = time.monotonic() + wait_s
+    while True:  # the operator's teardown has no event to wait on here: look every 2 s
+        remaining = [found for kind in KINDS for found in await kube.names(kind, scopes)]
+        if not remaining or time.monotonic() >= deadline:
+            return remaining
+        await asyncio.sleep(2)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mtrl drain", description=__doc__.splitlines()[0])
-    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--timeout", type=float, default=600,
+                        help="seconds to wait for the operator's teardown (default 600)")
     args = parser.parse_args(argv)
-    namespaces = Settings.from_env().namespaces  # the chart's values allow no globs here
-    client = Client()
-    for resource in (MultiTurnRLTrigger, MultiTurnRLRun):
-        _delete_all(client, resource, namespaces)
-    deadline = time.monotonic() + args.timeout
-
-    def left() -> list[tuple[str, str]]:
-        return [*_listed(client, MultiTurnRLTrigger, namespaces),
-                *_listed(client, MultiTurnRLRun, namespaces)]
-
-    while (remaining := left()) and time.monotonic() < deadline:
-        time.sleep(2)
+    scopes = Settings.from_env().namespaces or ["*"]  # the chart's values allow no globs here
+    remaining = asyncio.run(drain(Kube(), scopes, args.timeout))
     if remaining:
         print(f"timed out with {len(remaining)} trigger(s) or run(s) left: {remaining}; the "
               "operator may be down — see docs/operator.md on mtrl.dev/force-release",

@@ -22,3 +22,16 @@ class SpecError(Exception):
 class StaleCopy(Exception):
     """A write conditioned on our cached copy found the object changed since; the watch brings
     the new version, and the reconcile runs again."""
+
+
+class NotServed(Exception):
+    """The API server serves no such kind (its CRD is not installed, or not yet)."""
+
+
+class CloudError(Exception):
+    """An AWS call failed in a way worth showing on the object: `reason` for its condition,
+    the message naming the call and AWS's own code and words."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -18,8 +18,6 @@ import sys
 
 import kopf
 from aiohttp import web
-from lightkube import AsyncClient
-from prometheus_client import start_http_server
 
 from mtrl_operator import handlers, logs, metrics
 from mtrl_operator.adapters import mutations
@@ -36,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(settings.log_format)
     handlers.configure(settings)
     if settings.metrics_port:
-        start_http_server(settings.metrics_port)
+        metrics.serve(settings.metrics_port)
     log.info("starting mtrl operator %s", settings)
     return asyncio.run(serve(settings))
 
@@ -46,7 +44,7 @@ def _election(settings: Settings) -> ElectionThread:
     identity = settings.new_identity()
 
     def elector() -> LeaderElector:  # on the election thread: the client belongs to its loop
-        store = KubeLease(AsyncClient(field_manager=FIELD_MANAGER), name, namespace)
+        store = KubeLease.connect(name, namespace, FIELD_MANAGER)
         return LeaderElector(store, identity, lease_duration=settings.lease_duration_seconds,
                              renew_deadline=settings.renew_deadline_seconds,
                              retry_period=settings.retry_period_seconds)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RUNS_BY_PHASE = Gauge("mtrl_runs", "Runs by phase", ["phase"])
 RECONCILE_SECONDS = Histogram("mtrl_reconcile_seconds", "Time to reconcile one run once",
@@ -18,3 +18,13 @@ RESOURCES_DELETED = Counter("mtrl_resources_deleted_total", "Resources deleted",
 SWEPT = Counter("mtrl_swept_resources_total", "Orphaned cloud resources deleted by the sweeper")
 # controller-runtime exports the same as leader_election_master_status.
 LEADER = Gauge("mtrl_leader", "1 while this replica holds the leader-election Lease")
+TRIGGER_OBJECTS = Counter("mtrl_trigger_objects_total", "Object notifications by outcome",
+                          ["outcome"])
+TRIGGER_MALFORMED = Counter("mtrl_trigger_malformed_notifications_total",
+                            "Messages that were no S3 notification, moved to the dead-letter "
+                            "queue")
+
+
+def serve(port: int) -> None:
+    """/metrics on `port`, from a thread of prometheus_client's own."""
+    start_http_server(port)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Any
 
-from mtrl_api import GROUP
+from mtrl_api import API_VERSION, GROUP
 from mtrl_rollout.queues import (  # the data plane tags alike
     MANAGED_BY,
     TAG_COMPONENT,
@@ -200,3 +201,10 @@ class TriggerNames:
 
     def run_labels(self) -> dict[str, str]:
         return {LABEL_TRIGGER: _dns_label(self.name, 63), LABEL_TRIGGER_UID: self.uid}
+
+
+def owner_reference(run: dict[str, Any]) -> dict[str, Any]:
+    """Children are owned by their run: Kubernetes' garbage collector is the last safety net."""
+    return {"apiVersion": API_VERSION, "kind": "MultiTurnRLRun",
+            "name": run["metadata"]["name"], "uid": run["metadata"]["uid"],
+            "controller": True, "blockOwnerDeletion": True}

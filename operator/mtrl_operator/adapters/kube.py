@@ -1,4 +1,5 @@
-"""Kubernetes calls through lightkube's async client: create-if-absent, delete, status."""
+"""Kubernetes calls through lightkube's async client: create-if-absent, delete, status,
+finalizers, Events, and informer-style list-and-watch."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ from typing import Any
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import ConfigMap, Service
 from lightkube.resources.core_v1 import Event as CoreEvent
 from lightkube.types import CascadeType, PatchType
 
 from mtrl_api import API_VERSION, GROUP, VERSION
 from mtrl_operator import metrics
 from mtrl_operator.adapters.mutations import mutating
-from mtrl_operator.errors import SpecError, StaleCopy
+from mtrl_operator.errors import NotServed, SpecError, StaleCopy
 
 log = logging.getLogger("mtrl.kube")
 FIELD_MANAGER = "mtrl-operator"
@@ -26,31 +30,34 @@ MultiTurnRLRun = create_namespaced_resource(GROUP, VERSION, "MultiTurnRLRun", "m
 PyTorchJob = create_namespaced_resource("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs")
 HyperPodPyTorchJob = create_namespaced_resource("sagemaker.amazonaws.com", "v1",
                                                 "HyperPodPyTorchJob", "hyperpodpytorchjobs")
+MultiTurnRLTrigger = create_namespaced_resource(GROUP, VERSION, "MultiTurnRLTrigger",
+                                                "multiturnrltriggers")
 
 
-def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """The JSON merge patch (RFC 7386) that turns `old` into `new`. A key `new` lacks is sent
-    as null: a merge patch that only omits it would leave the old value on the server (a
-    finished run would keep naming its deleted trainer). Lists are replaced whole."""
-    patch: dict[str, Any] = {key: None for key in old if key not in new}
-    for key, value in new.items():
-        before = old.get(key)
-        if isinstance(value, dict) and isinstance(before, dict):
-            if nested := merge_patch(before, value):
-                patch[key] = nested
-        elif value != before or key not in old:
-            patch[key] = value
-    return patch
+# Every kind the controllers name, by its Kubernetes kind: they speak names, not client types.
+KINDS: dict[str, Any] = {
+    "MultiTurnRLRun": MultiTurnRLRun, "MultiTurnRLTrigger": MultiTurnRLTrigger, "Job": Job,
+    "PyTorchJob": PyTorchJob, "HyperPodPyTorchJob": HyperPodPyTorchJob,
+    "Deployment": Deployment, "ConfigMap": ConfigMap, "Service": Service,
+}
 
 
-def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
-    """Children are owned by the run: Kubernetes' garbage collector is the last safety net."""
-    return {"apiVersion": API_VERSION, "kind": "MultiTurnRLRun",
-            "name": body["metadata"]["name"], "uid": body["metadata"]["uid"],
-            "controller": True, "blockOwnerDeletion": True}
+def _dict(obj: Any) -> dict[str, Any]:
+    return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+
+
+def _status_code(exc: Exception) -> int | None:
+    if isinstance(exc, ApiError):
+        return int(exc.status.code) if exc.status.code is not None else None
+    response = getattr(exc, "response", None)  # a watch's HTTP error
+    return getattr(response, "status_code", None)
 
 
 class Kube:
+    """The operator's Kubernetes calls. Objects go in and come out as plain dicts; failures
+    come out as the operator's own errors where a caller acts on them (`StaleCopy`,
+    `SpecError`, `NotServed`)."""
+
     def __init__(self, client: AsyncClient | None = None) -> None:
         self.client = client or AsyncClient(field_manager=FIELD_MANAGER)
 
@@ -63,54 +70,75 @@ class Kube:
         except ApiError as exc:
             if exc.status.code == 409:
                 return False
-            if exc.status.code == 422:  # the run's spec made an object Kubernetes refuses
+            # 422 (invalid) and 400 (unreadable, e.g. a quantity "4K"): the object is made
+            # from the run's spec, so the spec is at fault and retrying cannot help.
+            if exc.status.code in (400, 422):
                 raise SpecError("InvalidChildObject", f"{manifest['kind']} "
                                 f"{manifest['metadata']['name']}: {exc.status.message}") from exc
             raise
         metrics.RESOURCES_CREATED.labels(kind=manifest["kind"]).inc()
         return True
 
-    async def get(self, resource: Any, name: str, namespace: str) -> dict[str, Any] | None:
+    async def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
         """A live (quorum) read, never a cache: None when the object does not exist."""
         try:
-            obj = await self.client.get(resource, name, namespace=namespace)
+            obj = await self.client.get(KINDS[kind], name, namespace=namespace)
         except ApiError as exc:
             if exc.status.code == 404:
                 return None
             raise
-        return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
+        return _dict(obj)
 
-    @mutating("delete {resource.__name__} {namespace}/{name}")
-    async def delete(self, resource: Any, name: str, namespace: str) -> None:
+    @mutating("delete {kind} {namespace}/{name}")
+    async def delete(self, kind: str, name: str, namespace: str) -> None:
         """Delete in the background (children follow); a missing object is already deleted."""
         try:
-            await self.client.delete(resource, name, namespace=namespace,
+            await self.client.delete(KINDS[kind], name, namespace=namespace,
                                      cascade=CascadeType.BACKGROUND, grace_period=None)
         except ApiError as exc:
             if exc.status.code != 404:
                 raise
             return
-        metrics.RESOURCES_DELETED.labels(kind=resource.__name__).inc()
+        metrics.RESOURCES_DELETED.labels(kind=kind).inc()
 
-    async def delete_collection(self, resource: Any, namespace: str, labels: dict[str, str]) -> None:
-        async for obj in self.client.list(resource, namespace=namespace, labels=labels):
-            await self.delete(resource, obj.metadata.name, namespace)
+    @mutating("apply the status of {kind} {namespace}/{name}")
+    async def apply_status(self, namespace: str, name: str, status: dict[str, Any],
+                           kind: str = "MultiTurnRLRun") -> None:
+        """Server-side apply under the operator's field manager: it owns the fields it sends
+        (its own condition types among them, `conditions` being a map keyed by `type`), so
+        another writer's conditions stay, and a field it no longer sends goes. A run or
+        trigger deleted meanwhile has no status to keep."""
+        body = {"apiVersion": API_VERSION, "kind": kind,
+                "metadata": {"name": name, "namespace": namespace}, "status": status}
+        try:
+            await self.client.patch(KINDS[kind].Status, name, body, namespace=namespace,
+                                    patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER,
+                                    force=True)
+        except ApiError as exc:
+            if exc.status.code == 409:
+                raise StaleCopy(f"status of {namespace}/{name}") from exc
+            if exc.status.code != 404:
+                raise
 
-    @mutating("patch the status of {namespace}/{name}")
-    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        await self.client.patch(MultiTurnRLRun.Status, name, {"status": status},
-                                namespace=namespace, patch_type=PatchType.MERGE)
-
-    @mutating("set the finalizers of {namespace}/{name}")
+    @mutating("set the finalizers of {kind} {namespace}/{name}")
     async def set_finalizers(self, namespace: str, name: str, finalizers: list[str],
-                             resource_version: str, resource: Any = MultiTurnRLRun) -> dict[str, Any]:
-        """Optimistic: a stale resourceVersion fails with 409 and the reconcile runs again.
+                             resource_version: str,
+                             kind: str = "MultiTurnRLRun") -> dict[str, Any] | None:
+        """Optimistic: a stale resourceVersion raises StaleCopy and the reconcile runs again.
         Returns the new metadata, so the caller's cached copy sees its own write at once (a
-        reconcile before the watch's echo would otherwise repeat it and get a 409)."""
-        obj = await self.client.patch(resource, name, {"metadata": {
-            "finalizers": finalizers, "resourceVersion": resource_version}},
-            namespace=namespace, patch_type=PatchType.MERGE)
-        return dict(obj.to_dict()["metadata"])
+        reconcile before the watch's echo would otherwise repeat it and get a 409); None
+        when the object is gone."""
+        try:
+            obj = await self.client.patch(KINDS[kind], name, {"metadata": {
+                "finalizers": finalizers, "resourceVersion": resource_version}},
+                namespace=namespace, patch_type=PatchType.MERGE)
+        except ApiError as exc:
+            if exc.status.code == 409:
+                raise StaleCopy(f"finalizers of {namespace}/{name}") from exc
+            if exc.status.code == 404:
+                return None
+            raise
+        return dict(_dict(obj)["metadata"])
 
     @mutating("remove {finalizer} from {namespace}/{name}")
     async def remove_finalizer(self, namespace: str, name: str, finalizers: list[str],
@@ -131,23 +159,28 @@ class Kube:
             if exc.status.code == 422:  # the test failed: someone changed the list
                 raise StaleCopy(f"finalizers of {namespace}/{name}") from exc
             raise
-        return dict(obj.to_dict()["metadata"])
+        return dict(_dict(obj)["metadata"])
 
-    @mutating("delete MultiTurnRLRun {namespace}/{name}")
-    async def delete_run(self, namespace: str, name: str, uid: str) -> None:
-        try:
-            await self.client.delete(MultiTurnRLRun, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
+    async def names(self, kind: str, scopes: list[str]) -> list[tuple[str, str]]:
+        """(namespace, name) of every object of `kind` in `scopes` (namespaces, or "*"), read
+        from the server; none when the kind is not served."""
+        found: list[tuple[str, str]] = []
+        for ns in scopes:
+            try:
+                found += [(o.metadata.namespace, o.metadata.name)
+                          async for o in self.client.list(KINDS[kind], namespace=ns)]
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    raise
+        return found
 
-    async def uids(self, resource: Any, scopes: list[str]) -> set[str]:
-        """UIDs of every object of `resource` that exists now in `scopes` (namespaces, or "*"):
+    async def uids(self, kind: str, scopes: list[str]) -> set[str]:
+        """UIDs of every object of `kind` that exists now in `scopes` (namespaces, or "*"):
         read from the server, not from a cache, because the sweepers delete whatever is not in
         this set."""
         uids: set[str] = set()
         for ns in scopes:
-            async for obj in self.client.list(resource, namespace=ns):
+            async for obj in self.client.list(KINDS[kind], namespace=ns):
                 uids.add(obj.metadata.uid)
         return uids
 
@@ -175,16 +208,20 @@ class Kube:
         except ApiError as exc:  # an event is best effort: a terminating namespace refuses it
             log.debug("event not posted: %s", exc)
 
-    async def list_with_version(self, resource: Any, labels: dict[str, Any],
-                                namespace: str = "*") -> tuple[list[Any], str]:
-        """The objects, and the resourceVersion to watch from for what follows."""
-        listing = self.client.list(resource, namespace=namespace, labels=labels)
-        objs = [obj async for obj in listing]
-        return objs, listing.resourceVersion
-
-    async def watch(self, resource: Any, labels: dict[str, Any], namespace: str = "*",
-                    resource_version: str | None = None) -> AsyncIterator[tuple[str, Any]]:
-        async for event, obj in self.client.watch(resource, namespace=namespace, labels=labels,
-                                                  server_timeout=240,
-                                                  resource_version=resource_version):
-            yield event, obj
+    async def list_and_watch(self, kind: str, labels: dict[str, str],
+                             namespace: str) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+        """An informer's stream: first ("LISTED", every object), then ("ADDED" | "MODIFIED" |
+        "DELETED", [object]) from the list's resourceVersion on, until the watch ends (a cut
+        stream, a version too old) or fails; raises NotServed when the kind is not served."""
+        try:
+            listing = self.client.list(KINDS[kind], namespace=namespace, labels=labels)
+            objs = [_dict(obj) async for obj in listing]
+            yield "LISTED", objs
+            async for event, obj in self.client.watch(
+                    KINDS[kind], namespace=namespace, labels=labels, server_timeout=240,
+                    resource_version=listing.resourceVersion):
+                yield event, [_dict(obj)]
+        except Exception as exc:
+            if _status_code(exc) == 404:
+                raise NotServed(kind) from exc
+            raise

@@ -20,6 +20,11 @@ class KubeLease:
         self.name = name
         self.namespace = namespace
 
+    @classmethod
+    def connect(cls, name: str, namespace: str, field_manager: str) -> KubeLease:
+        """The Lease over a client of its own (the election runs on a loop of its own)."""
+        return cls(AsyncClient(field_manager=field_manager), name, namespace)
+
     async def read(self) -> tuple[LeaseRecord, str] | None:
         try:
             lease = await self.client.get(Lease, self.name, namespace=self.namespace)

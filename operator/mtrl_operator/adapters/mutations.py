@@ -70,7 +70,9 @@ def mutating(describe: str, step: bool = True) -> Callable[
 
         @functools.wraps(method)
         async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
-            what = describe.format(**signature.bind(*args, **kwargs).arguments)
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            what = describe.format(**bound.arguments)
             before(what)
             result = await method(*args, **kwargs)
             if step:

@@ -8,30 +8,80 @@ every delete accepts "already gone", so a repeated call after a crash changes no
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections import defaultdict
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import boto3
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from mtrl_api.trigger import S3Source
 from mtrl_operator import metrics
 from mtrl_operator.adapters.aws import QUEUE_GONE, call, client, tagged_resources
 from mtrl_operator.builders import triggers as build
 from mtrl_operator.builders.queues import QueueRequest
+from mtrl_operator.errors import CloudError
 from mtrl_operator.naming import TAG_SOURCE_BUCKET, TAG_TRIGGER_UID, TriggerNames
 from mtrl_operator.reconcile.trigger import QueueState
-from mtrl_rollout.sqs import Sqs
+from mtrl_rollout.sqs import Outgoing, Received, Sqs
+
+__all__ = ["NotificationQueue", "Received", "TriggerAws"]
 
 log = logging.getLogger("mtrl.trigger.aws")
 
 _BUCKET_GONE = ("NoSuchBucket",)
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
 def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", "?"))
+
+
+def _cloud_errors(method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """botocore's errors leave as the operator's CloudError, naming the call, AWS's code and
+    message (what the trigger's Ready condition shows)."""
+    @functools.wraps(method)
+    async def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await method(*args, **kwargs)
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            raise CloudError("AwsError", f"{exc.operation_name}: {error.get('Code', '?')}: "
+                                         f"{error.get('Message', '')}") from exc
+        except BotoCoreError as exc:
+            raise CloudError("AwsError", f"{type(exc).__name__}: {exc}") from exc
+    return wrapped
+
+
+class NotificationQueue:
+    """One trigger's queue as its consumer uses it: long polls on two threads of its own, so
+    triggers never wait behind each other's 20 s polls, over the shared client's connections."""
+
+    def __init__(self, sqs_client: Any) -> None:
+        self._sqs = Sqs(pool_size=2, client=sqs_client)
+
+    async def receive(self, url: str, wait_s: int) -> list[Received]:
+        return await self._sqs.receive(url, wait_s=wait_s)
+
+    async def hand_back(self, url: str, receipts: Sequence[str]) -> None:
+        """Visible again at once: for another consumer, or for us once unsuspended."""
+        await self._sqs.change_visibility_batch(url, list(receipts), 0)
+
+    async def delete(self, url: str, receipts: Sequence[str]) -> list[str]:
+        """Delete handled messages; the reasons of those that could not be."""
+        return [failure.message for failure in await self._sqs.delete_batch(url, receipts)]
+
+    async def send(self, url: str, body: str, attributes: dict[str, str]) -> None:
+        await self._sqs.send(url, Outgoing(body, attributes))
+
+    def close(self) -> None:
+        self._sqs.close()
 
 
 class TriggerAws:
@@ -43,10 +93,8 @@ class TriggerAws:
         # One read-modify-write of a bucket's notification configuration at a time.
         self._bucket_locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
-    def consumer(self) -> Sqs:
-        """An SQS facade for one trigger's long polls: its own two threads, so triggers never
-        wait behind each other's 20 s polls; the shared client's connections."""
-        return Sqs(pool_size=2, client=self.sqs)
+    def consumer(self) -> NotificationQueue:
+        return NotificationQueue(self.sqs)
 
     # ------------------------------------------------------------------ queues
 
@@ -73,6 +121,7 @@ class TriggerAws:
         metrics.RESOURCES_CREATED.labels(kind="queue").inc()
         return str(resp["QueueUrl"])
 
+    @_cloud_errors
     async def ensure_queues(self, names: TriggerNames, bucket: str) -> QueueState:
         """The dead-letter queue first, then the queue S3 sends to, which redrives into it."""
         dlq_url = await self._ensure_queue(build.dead_letter_queue(names, bucket))
@@ -80,6 +129,7 @@ class TriggerAws:
         url = await self._ensure_queue(build.notification_queue(names, bucket, dlq_arn))
         return QueueState(url, build.sibling_queue_arn(dlq_arn, names.queue), dlq_url)
 
+    @_cloud_errors
     async def given_queue(self, url: str) -> QueueState:
         """A queue the user made: its ARN, and its redrive policy's dead-letter queue if any."""
         attrs = await self._queue_attributes(url, "QueueArn", "RedrivePolicy")
@@ -101,6 +151,7 @@ class TriggerAws:
         metrics.RESOURCES_DELETED.labels(kind="queue").inc()
         return True
 
+    @_cloud_errors
     async def delete_queues(self, names: TriggerNames) -> int:
         """The notification queue, then its dead-letter queue (and what is in them)."""
         deleted = 0
@@ -116,6 +167,7 @@ class TriggerAws:
         resp = await call(self.s3, "get_bucket_notification_configuration", Bucket=bucket)
         return build.notification_configuration(resp)
 
+    @_cloud_errors
     async def ensure_notification(self, names: TriggerNames, source: S3Source,
                                   queue_arn: str) -> bool:
         """Add or update our QueueConfiguration, keeping every other entry; True if it changed.
@@ -132,6 +184,7 @@ class TriggerAws:
                        NotificationConfiguration=build.with_queue_configuration(current, entry))
         return True
 
+    @_cloud_errors
     async def remove_notification(self, bucket: str, entry_id: str) -> bool:
         """Remove our QueueConfiguration only; True if there was one. A gone bucket has none."""
         async with self._bucket_locks[bucket]:
@@ -150,6 +203,7 @@ class TriggerAws:
 
     # ------------------------------------------------------------------ sweeping
 
+    @_cloud_errors
     async def tagged_queues(self, operator_id: str) -> dict[str, list[tuple[str, str]]]:
         """trigger UID -> [(queue ARN, bucket)] of the queues this operator made for triggers."""
         by_trigger: dict[str, list[tuple[str, str]]] = defaultdict(list)
@@ -158,6 +212,7 @@ class TriggerAws:
                 by_trigger[tags[TAG_TRIGGER_UID]].append((arn, tags.get(TAG_SOURCE_BUCKET, "")))
         return dict(by_trigger)
 
+    @_cloud_errors
     async def delete_queue_by_arn(self, arn: str) -> bool:
         """False when it was already gone (the tagging API lags behind deletions)."""
         parts = arn.split(":")

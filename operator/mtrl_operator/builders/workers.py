@@ -7,7 +7,6 @@ from typing import Any
 from mtrl_api.run import MultiTurnRLRunSpec
 from mtrl_operator.builders import security
 from mtrl_operator.builders.env import HEALTH_PORT, as_k8s
-from mtrl_operator.errors import SpecError
 from mtrl_operator.naming import RunNames
 
 WORKER_COMMAND = ["mtrl", "worker"]
@@ -52,13 +51,8 @@ def run_task_requests(names: RunNames, spec: MultiTurnRLRunSpec, task_definition
                       cluster: str, subnets: list[str], security_groups: list[str],
                       attempt: int, missing: int, first_batch: int) -> list[dict[str, Any]]:
     """RunTask requests starting `missing` tasks, in batches of 10, each with its own client
-    token so a repeated call after a crash is recognisable."""
-    if not subnets:
-        raise SpecError("NoSubnets", "backend ecs-fargate needs subnets: set "
-                        "spec.workers.ecs.subnets or the operator's default (MTRL_ECS_SUBNETS)")
-    if not security_groups:
-        raise SpecError("NoSecurityGroups", "backend ecs-fargate needs security groups: set "
-                        "spec.workers.ecs.securityGroups or MTRL_ECS_SECURITY_GROUPS")
+    token so a repeated call after a crash is recognisable. (A run without subnets or security
+    groups never gets here: `reconcile.observe.spec_problem` fails it first.)"""
     requests = []
     for i in range(0, missing, RUN_TASK_BATCH):
         batch = first_batch + i // RUN_TASK_BATCH

@@ -18,46 +18,33 @@ import datetime as dt
 import logging
 import time
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-from lightkube.core.exceptions import ApiError
-from prometheus_client import Counter
 from pydantic import ValidationError
 
 from mtrl_api import GROUP
 from mtrl_api.run import Phase
-from mtrl_api.trigger import (
-    MultiTurnRLTriggerSpec,
-    MultiTurnRLTriggerStatus,
-    ObjectOutcome,
-)
+from mtrl_api.trigger import MultiTurnRLTriggerSpec, MultiTurnRLTriggerStatus, ObjectOutcome
 from mtrl_operator import metrics
-from mtrl_operator.adapters.kube import Kube, merge_patch
-from mtrl_operator.adapters.trigger_aws import TriggerAws
-from mtrl_operator.adapters.trigger_kube import TriggerKube
+from mtrl_operator.adapters.kube import Kube
+from mtrl_operator.adapters.trigger_aws import NotificationQueue, Received, TriggerAws
 from mtrl_operator.builders import triggers as build
-from mtrl_operator.errors import SpecError
+from mtrl_operator.errors import CloudError, SpecError, StaleCopy
 from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE, FINALIZER, TriggerNames
 from mtrl_operator.reconcile import trigger as decide
 from mtrl_operator.reconcile.notifications import MalformedNotification, ObjectEvent, parse
 from mtrl_operator.reconcile.trigger import QueueState, RunView
 from mtrl_operator.settings import Settings
 from mtrl_operator.workqueue import WorkQueue, every
-from mtrl_rollout.sqs import Outgoing, Received, Sqs
 
 log = logging.getLogger("mtrl.trigger")
 
 Key = tuple[str, str]  # (namespace, name)
+KIND = "MultiTurnRLTrigger"
 POLL_SECONDS = 20  # SQS's longest long poll: the cheapest way to wait
 AWS_RECHECK_SECONDS = 300.0  # queues and bucket notification are looked at again this often
 AWS_RETRY_SECONDS = 15.0
-WORKERS = 4
-
-OBJECTS = Counter("mtrl_trigger_objects_total", "Object notifications by outcome", ["outcome"])
-MALFORMED = Counter("mtrl_trigger_malformed_notifications_total",
-                    "Messages that were no S3 notification, moved to the dead-letter queue")
 
 
 def _now() -> dt.datetime:
@@ -72,35 +59,56 @@ def _owner_uid(run: dict[str, Any]) -> str | None:
     return None
 
 
-def _aws_problem(exc: Exception) -> tuple[str, str]:
-    if isinstance(exc, ClientError):
-        error = exc.response.get("Error", {})
-        return "AwsError", f"{exc.operation_name}: {error.get('Code', '?')}: " \
-                           f"{error.get('Message', '')}"
-    return "AwsError", f"{type(exc).__name__}: {exc}"
+def _spec_problem(body: dict[str, Any]) -> tuple[MultiTurnRLTriggerSpec | None,
+                                                 tuple[str, str] | None]:
+    """The spec, or why it cannot be read (the API server's schema lets little through, but a
+    trigger stored under an older schema can still fail the models)."""
+    try:
+        return MultiTurnRLTriggerSpec.model_validate(body.get("spec") or {}), None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return None, ("InvalidSpec", f"spec.{where}: {first['msg']}")
+
+
+@dataclass
+class Batch:
+    """One batch of notifications of one trigger, and what handling it has produced so far."""
+
+    body: dict[str, Any]
+    names: TriggerNames
+    spec: MultiTurnRLTriggerSpec
+    status: MultiTurnRLTriggerStatus
+    runs: list[RunView]
+    queue: QueueState
+    sqs: NotificationQueue
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
 
 
 class TriggerController:
     def __init__(self, settings: Settings, kube: Kube, aws: TriggerAws) -> None:
         self.settings = settings
-        self.kube = TriggerKube(kube)
+        self.kube = kube
         self.aws = aws
         self.triggers: dict[Key, dict[str, Any]] = {}
         self.keys_by_uid: dict[str, Key] = {}
-        self.runs: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)  # trigger uid -> runs
+        self.runs: dict[str, dict[str, dict[str, Any]]] = {}  # trigger uid -> run name -> run
         self.statuses: dict[str, MultiTurnRLTriggerStatus] = {}  # what we last wrote
         self.queue_states: dict[str, QueueState] = {}
         self.aws_checked: dict[str, tuple[int, float]] = {}  # uid -> (generation, monotonic)
         self.consumers: dict[str, asyncio.Task[None]] = {}
         self.changed: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self.locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
-        self.queue: WorkQueue | None = None
+        self.queue: WorkQueue[Key] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        self.queue = WorkQueue(self.reconcile, workers=WORKERS)
+        self.queue = WorkQueue(self.reconcile, workers=self.settings.workers)
         if self.settings.sweep_interval_seconds > 0:
             self._tasks.append(asyncio.create_task(every(
                 self.settings.sweep_interval_seconds, self.sweep_once, "trigger sweep")))
@@ -141,9 +149,13 @@ class TriggerController:
         if uid is None:
             return
         if event_type == "DELETED":
-            self.runs[uid].pop(run["metadata"]["name"], None)
-        else:
-            self.runs[uid][run["metadata"]["name"]] = run
+            # Never a new entry: a run's DELETED after its trigger's own would leak one.
+            runs = self.runs.get(uid, {})
+            runs.pop(run["metadata"]["name"], None)
+            if not runs:
+                self.runs.pop(uid, None)
+        else:  # a run may arrive before its trigger: kept until it, or the trigger, goes
+            self.runs.setdefault(uid, {})[run["metadata"]["name"]] = run
         key = self.keys_by_uid.get(uid)
         if key and self.queue:
             self.queue.add(key)
@@ -174,8 +186,7 @@ class TriggerController:
         meta = body["metadata"]
         old, new = self._status(body).wire(), status.wire()
         if old != new:
-            await self.kube.patch_status(meta["namespace"], meta["name"],
-                                         merge_patch(body.get("status") or {}, new))
+            await self.kube.apply_status(meta["namespace"], meta["name"], new, kind=KIND)
         self.statuses[meta["uid"]] = status
 
     def _mark_deleting(self, uid: str, name: str) -> None:
@@ -198,11 +209,8 @@ class TriggerController:
                 return None
             try:
                 return await self._reconcile(body)
-            except ApiError as exc:
-                if exc.status.code == 409:  # a stale cached copy; the watch brings a new one
-                    return 0.5
-                await self._report_error(body, exc)
-                raise
+            except StaleCopy:  # a stale cached copy; the watch brings a new one
+                return 0.5
             except Exception as exc:
                 await self._report_error(body, exc)
                 raise
@@ -211,7 +219,7 @@ class TriggerController:
         """Persistent failures (e.g. a deletion that cannot reach AWS) show on the trigger."""
         metrics.RECONCILE_ERRORS.labels(kind=type(exc).__name__).inc()
         await self.kube.event(body, "Warning", "ReconcileError",
-                              f"{type(exc).__name__}: {exc}; retrying with backoff")
+                              f"{type(exc).__name__}: {exc}; retrying with backoff", kind=KIND)
 
     async def _reconcile(self, body: dict[str, Any]) -> float | None:
         meta = body["metadata"]
@@ -225,19 +233,26 @@ class TriggerController:
         if FINALIZER not in finalizers:
             # Before anything exists in AWS: nothing may be made without the finalizer.
             meta.update(await self.kube.set_finalizers(
-                names.namespace, names.name, [*finalizers, FINALIZER], meta["resourceVersion"]))
+                names.namespace, names.name, [*finalizers, FINALIZER], meta["resourceVersion"],
+                kind=KIND) or {})
             return 0.0
 
-        spec = MultiTurnRLTriggerSpec.model_validate(body["spec"])  # the server validated it
+        spec, problem = _spec_problem(body)
         generation = int(meta.get("generation") or 1)
-        queue, problem = self.queue_states.get(names.uid), None
+        if spec is None:  # reported, and looked at again when the spec changes
+            assert problem is not None
+            await self._publish(body, decide.invalid(self._status(body), generation, problem,
+                                                     _now()))
+            await self._stop_consumer(names.uid)
+            return None
+        queue = self.queue_states.get(names.uid)
         checked = self.aws_checked.get(names.uid)
         if queue is None or checked is None or checked[0] != generation \
                 or time.monotonic() - checked[1] > AWS_RECHECK_SECONDS:
             try:
                 queue = await self._ensure_aws(names, spec)
-            except (ClientError, BotoCoreError) as exc:
-                problem = _aws_problem(exc)
+            except CloudError as exc:
+                problem = (exc.reason, str(exc))
                 log.warning("trigger %s/%s: %s", names.namespace, names.name, problem[1])
             else:
                 self.queue_states[names.uid] = queue
@@ -245,12 +260,12 @@ class TriggerController:
 
         pruned = decide.prune(spec, self._run_views(names.uid))
         for name in pruned:
-            await self.kube.delete_run(names.namespace, name)
+            await self.kube.delete("MultiTurnRLRun", name, names.namespace)
             self._mark_deleting(names.uid, name)
         if pruned:
             await self.kube.event(body, "Normal", "HistoryPruned",
                                   f"deleted finished run(s) beyond the history limits: "
-                                  f"{', '.join(pruned)} (their outputs in S3 stay)")
+                                  f"{', '.join(pruned)} (their outputs in S3 stay)", kind=KIND)
 
         before = self._status(body)
         status = decide.observe(before, spec, generation, self._run_views(names.uid), queue,
@@ -258,7 +273,7 @@ class TriggerController:
         await self._publish(body, status)
         if problem and not any(c.type == "Ready" and c.reason == problem[0]
                                for c in before.conditions):
-            await self.kube.event(body, "Warning", problem[0], problem[1])
+            await self.kube.event(body, "Warning", problem[0], problem[1], kind=KIND)
         if queue is not None:
             self._ensure_consumer(names.uid)
         return AWS_RETRY_SECONDS if problem else AWS_RECHECK_SECONDS
@@ -280,7 +295,7 @@ class TriggerController:
         if (meta.get("annotations") or {}).get(ANNOTATION_FORCE_RELEASE) == "true":
             await self.kube.event(body, "Warning", "ForceReleased",
                                   "released by annotation without cleanup; the sweeper deletes "
-                                  "the queues and the bucket's entry")
+                                  "the queues and the bucket's entry", kind=KIND)
         else:
             spec = body.get("spec") or {}
             if not (spec.get("queue") or {}).get("url"):
@@ -288,13 +303,9 @@ class TriggerController:
                 if bucket:
                     await self.aws.remove_notification(bucket, names.notification_id)
                 await self.aws.delete_queues(names)
-        try:
-            await self.kube.set_finalizers(names.namespace, names.name,
-                                           [f for f in finalizers if f != FINALIZER],
-                                           meta["resourceVersion"])
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
+        await self.kube.set_finalizers(names.namespace, names.name,
+                                       [f for f in finalizers if f != FINALIZER],
+                                       meta["resourceVersion"], kind=KIND)
 
     # ------------------------------------------------------------------ consuming
 
@@ -327,11 +338,11 @@ class TriggerController:
         failures = 0
         try:
             while True:
+                body, queue = self._current(uid), self.queue_states.get(uid)
+                if body is None:  # the trigger is gone (checked first: no cache entry made)
+                    return
                 changed = self.changed[uid]
                 changed.clear()
-                body, queue = self._current(uid), self.queue_states.get(uid)
-                if body is None:
-                    return
                 if queue is None or self._paused(body):
                     await changed.wait()
                     continue
@@ -339,8 +350,7 @@ class TriggerController:
                     messages = await sqs.receive(queue.url, wait_s=POLL_SECONDS)
                     body = self._current(uid)
                     if messages and (body is None or self._paused(body)):
-                        await sqs.change_visibility_batch(
-                            queue.url, [m.receipt_handle for m in messages], 0)
+                        await sqs.hand_back(queue.url, [m.receipt_handle for m in messages])
                     elif messages and body is not None:
                         async with self.locks[uid]:
                             await self._process(uid, queue, sqs, messages)
@@ -357,7 +367,7 @@ class TriggerController:
         finally:
             sqs.close()
 
-    async def _process(self, uid: str, queue: QueueState, sqs: Sqs,
+    async def _process(self, uid: str, queue: QueueState, sqs: NotificationQueue,
                        messages: list[Received]) -> None:
         """One batch: each message's objects decided and acted on in order; the status written
         once; then the handled messages deleted. A failure part-way leaves the rest in the
@@ -365,90 +375,84 @@ class TriggerController:
         body = self._current(uid)
         if body is None:
             return
-        names = self._names(body)
-        spec = MultiTurnRLTriggerSpec.model_validate(body["spec"])
-        status = self._status(body)
-        runs = self._run_views(uid)
-        events: list[tuple[str, str, str]] = []
+        spec, _ = _spec_problem(body)
+        if spec is None:  # the reconcile reports it; the messages wait for a readable spec
+            return
+        batch = Batch(body, self._names(body), spec, self._status(body), self._run_views(uid),
+                      queue, sqs)
         handled: list[str] = []
         try:
             for message in messages:
-                status = await self._handle(body, names, spec, status, runs, queue, sqs,
-                                            message, events)
+                await self._handle(batch, message)
                 handled.append(message.receipt_handle)
         finally:
-            await self._publish(body, status)
-            for type_, reason, text in events:
-                await self.kube.event(body, type_, reason, text)
+            await self._publish(body, batch.status)
+            for type_, reason, text in batch.events:
+                await self.kube.event(body, type_, reason, text, kind=KIND)
             if handled:
-                failed = await sqs.delete_batch(queue.url, handled)
-                for failure in failed:  # redelivered later, and then a Duplicate
+                for failure in await sqs.delete(queue.url, handled):
+                    # Redelivered later, and then a Duplicate.
                     log.warning("trigger %s/%s: could not delete a handled message: %s",
-                                names.namespace, names.name, failure.message)
+                                batch.names.namespace, batch.names.name, failure)
 
-    async def _handle(self, body: dict[str, Any], names: TriggerNames,
-                      spec: MultiTurnRLTriggerSpec, status: MultiTurnRLTriggerStatus,
-                      runs: list[RunView], queue: QueueState, sqs: Sqs, message: Received,
-                      events: list[tuple[str, str, str]]) -> MultiTurnRLTriggerStatus:
+    async def _handle(self, batch: Batch, message: Received) -> None:
         try:
             notification = parse(message.body)
         except MalformedNotification as exc:
-            await self._dead_letter(names, queue, sqs, message, str(exc), events)
-            return status
+            await self._dead_letter(batch, message, str(exc))
+            return
         for obj in notification.objects:
-            admission = decide.admit(spec, status, runs, obj, names)
+            admission = decide.admit(batch.spec, batch.status, batch.runs, obj, batch.names)
             if admission.outcome == ObjectOutcome.CREATED:
-                admission = await self._create(body, names, runs, obj, admission, events)
+                admission = await self._create(batch, obj, admission)
             elif admission.outcome == ObjectOutcome.SKIPPED:
-                events.append(("Normal", "RunSkipped", f"{obj.uri}: {admission.reason}"))
-            OBJECTS.labels(outcome=admission.outcome.value).inc()
-            status = decide.record(status, obj, admission, _now())
-        return status
+                batch.event("Normal", "RunSkipped", f"{obj.uri}: {admission.reason}")
+            metrics.TRIGGER_OBJECTS.labels(outcome=admission.outcome.value).inc()
+            batch.status = decide.record(batch.status, obj, admission, _now())
 
-    async def _create(self, body: dict[str, Any], names: TriggerNames, runs: list[RunView],
-                      obj: ObjectEvent, admission: decide.Admission,
-                      events: list[tuple[str, str, str]]) -> decide.Admission:
+    async def _create(self, batch: Batch, obj: ObjectEvent,
+                      admission: decide.Admission) -> decide.Admission:
         assert admission.run is not None and admission.digest is not None
+        names = batch.names
         for old in admission.replace:
-            await self.kube.delete_run(names.namespace, old)
+            await self.kube.delete("MultiTurnRLRun", old, names.namespace)
             self._mark_deleting(names.uid, old)
-            runs[:] = [replace(r, deleting=True) if r.name == old else r for r in runs]
-            events.append(("Normal", "RunReplaced", f"deleted run {old} (concurrencyPolicy "
-                                                    f"Replace) for {obj.uri}"))
-        manifest = build.run_manifest(body, names, obj, admission.digest)
+            batch.runs[:] = [replace(r, deleting=True) if r.name == old else r
+                             for r in batch.runs]
+            batch.event("Normal", "RunReplaced", f"deleted run {old} (concurrencyPolicy "
+                                                 f"Replace) for {obj.uri}")
+        manifest = build.run_manifest(batch.body, names, obj, admission.digest)
         try:
-            created = await self.kube.create_run(manifest)
+            created = await self.kube.create(manifest)
         except SpecError as exc:  # a template the run's own schema refuses with this object
             reason = f"the API server refused run {admission.run}: {exc}"
-            events.append(("Warning", "RunRejected", f"{obj.uri}: {reason}"))
+            batch.event("Warning", "RunRejected", f"{obj.uri}: {reason}")
             return replace(admission, outcome=ObjectOutcome.SKIPPED, reason=reason)
         if not created:
             return replace(admission, outcome=ObjectOutcome.DUPLICATE,
                            reason=f"run {admission.run} already exists")
-        runs.append(RunView(admission.run, Phase.PENDING, _now()))
+        batch.runs.append(RunView(admission.run, Phase.PENDING, _now()))
         # Until the watch brings it, the next batch must see it too (Forbid, Replace).
-        self.runs[names.uid].setdefault(admission.run, manifest)
-        events.append(("Normal", "RunCreated", f"created run {admission.run} for {obj.uri}"))
+        self.runs.setdefault(names.uid, {}).setdefault(admission.run, manifest)
+        batch.event("Normal", "RunCreated", f"created run {admission.run} for {obj.uri}")
         log.info("trigger %s/%s: created run %s for %s", names.namespace, names.name,
                  admission.run, obj.uri)
         return admission
 
-    async def _dead_letter(self, names: TriggerNames, queue: QueueState, sqs: Sqs,
-                           message: Received, error: str,
-                           events: list[tuple[str, str, str]]) -> None:
-        MALFORMED.inc()
-        where = f"{names.namespace}/{names.name}"
-        if queue.dead_letter_url:
+    async def _dead_letter(self, batch: Batch, message: Received, error: str) -> None:
+        metrics.TRIGGER_MALFORMED.inc()
+        where = f"{batch.names.namespace}/{batch.names.name}"
+        if batch.queue.dead_letter_url:
             # SQS attribute names allow no '/': hence not the mtrl.dev/ form of the tags.
-            await sqs.send(queue.dead_letter_url, Outgoing(message.body, {
-                "mtrl-trigger": where, "mtrl-error": error[:1024] or "malformed"}))
-            fate = f"moved to {queue.dead_letter_url.rsplit('/', 1)[-1]}"
+            await batch.sqs.send(batch.queue.dead_letter_url, message.body, {
+                "mtrl-trigger": where, "mtrl-error": error[:1024] or "malformed"})
+            fate = f"moved to {batch.queue.dead_letter_url.rsplit('/', 1)[-1]}"
         else:
             fate = "deleted (the queue has no dead-letter queue)"
         log.warning("trigger %s: malformed notification %s (%s): %s", where,
                     message.message_id, error, fate)
-        events.append(("Warning", "MalformedNotification",
-                       f"message {message.message_id}: {error}; {fate}"))
+        batch.event("Warning", "MalformedNotification",
+                    f"message {message.message_id}: {error}; {fate}")
 
     # ------------------------------------------------------------------ sweeper
 
@@ -458,7 +462,7 @@ class TriggerController:
         tagged = await self.aws.tagged_queues(self.settings.operator_id)
         if not tagged:
             return 0
-        known = await self.kube.trigger_uids(self.settings.list_scopes)
+        known = await self.kube.uids(KIND, self.settings.list_scopes)
         swept = 0
         for uid, queues in tagged.items():
             if uid in known:
@@ -469,8 +473,8 @@ class TriggerController:
                     if bucket and not name.endswith("-dlq"):
                         await self.aws.remove_notification(bucket, name)  # its Id is its name
                     swept += await self.aws.delete_queue_by_arn(arn)
-                except (ClientError, BotoCoreError) as exc:
-                    log.warning("sweeper could not delete trigger queue %s: %r", arn, exc)
+                except CloudError as exc:
+                    log.warning("sweeper could not delete trigger queue %s: %s", arn, exc)
         if swept:
             metrics.SWEPT.inc(swept)
             log.info("sweeper deleted %d orphaned trigger queue(s)", swept)

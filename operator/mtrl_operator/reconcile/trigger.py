@@ -163,3 +163,14 @@ def observe(status: MultiTurnRLTriggerStatus, spec: MultiTurnRLTriggerSpec, gene
                                                    f"{source.prefix}*{source.suffix}"
     out.conditions = set_condition(out.conditions, "Ready", ready, reason, message, now, generation)
     return out
+
+
+def invalid(status: MultiTurnRLTriggerStatus, generation: int, problem: tuple[str, str],
+            now: dt.datetime) -> MultiTurnRLTriggerStatus:
+    """The status of a trigger whose spec cannot be read: not Ready, saying why and where."""
+    out = status.model_copy(deep=True)
+    out.observed_generation = generation
+    reason, message = problem
+    out.conditions = set_condition(out.conditions, "Ready", False, reason, message, now,
+                                   generation)
+    return out

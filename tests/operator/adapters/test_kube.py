@@ -1,36 +1,83 @@
-"""The Kubernetes adapter's pure parts."""
+"""The Kubernetes adapter against the real API server: status by server-side apply, and the
+operator's own errors in place of the client's."""
 
 from __future__ import annotations
 
-from mtrl_operator.adapters.kube import merge_patch
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from lightkube import AsyncClient, KubeConfig
+
+from mtrl_operator.adapters.kube import Kube
+from mtrl_operator.errors import NotServed, StaleCopy
+from mtrl_testbed.cluster import LocalCluster
+from tests.operator.runs import apply, get, run_manifest
+
+pytestmark = [pytest.mark.cluster]
 
 
-def _apply(target: dict, patch: dict) -> dict:
-    """RFC 7386, as the API server applies a merge patch."""
-    out = dict(target)
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        elif isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _apply(out[key], value)
-        else:
-            out[key] = value
-    return out
+@pytest.fixture
+def quiet_namespace(cluster: LocalCluster) -> Iterator[str]:
+    """A namespace no operator watches: only this test writes its runs."""
+    with cluster.namespace(f"adapter-{uuid.uuid4().hex[:8]}") as name:
+        yield name
 
 
-def test_a_field_that_went_away_is_removed_by_the_patch() -> None:
-    old = {"phase": "Succeeded", "resources": {"queues": [{"role": "dlq"}], "trainerName": "r-t1",
-                                                 "taskDefinitionArn": "arn:td"}}
-    new = {"phase": "Succeeded", "resources": {"queues": []}}
-    patch = merge_patch(old, new)
-    assert patch == {"resources": {"queues": [], "trainerName": None, "taskDefinitionArn": None}}
-    assert _apply(old, patch) == new
+@pytest.fixture
+def kube(cluster: LocalCluster) -> Kube:
+    return Kube(AsyncClient(KubeConfig.from_file(str(cluster.kubeconfig)),
+                            field_manager="mtrl-operator"))
 
 
-def test_the_patch_carries_only_what_changed_and_turns_old_into_new() -> None:
-    old = {"a": 1, "b": {"c": [1, 2], "d": "x"}, "gone": {"deep": 1}}
-    new = {"a": 1, "b": {"c": [1, 2, 3], "d": "x", "e": {"f": 2}}, "added": 0}
-    patch = merge_patch(old, new)
-    assert patch == {"gone": None, "b": {"c": [1, 2, 3], "e": {"f": 2}}, "added": 0}
-    assert _apply(old, patch) == new
-    assert merge_patch(new, new) == {}
+def _condition(type_: str, reason: str) -> dict[str, str]:
+    return {"type": type_, "status": "True", "reason": reason, "message": "",
+            "lastTransitionTime": "2026-11-30T12:00:00Z"}
+
+
+async def test_status_apply_keeps_other_writers_conditions_and_drops_what_went_away(
+        cluster: LocalCluster, quiet_namespace: str, kube: Kube) -> None:
+    ns = quiet_namespace
+    apply(cluster, ns, run_manifest("applied"))
+    await kube.apply_status(ns, "applied", {
+        "phase": "Running", "conditions": [_condition("TrainerReady", "Running")],
+        "resources": {"trainerName": "applied-t1", "queues": []}})
+    # Another controller adds a condition of its own, as a well-behaved one does.
+    cluster.kubectl("patch", "mtrlrun", "applied", "-n", ns, "--subresource=status",
+                    "--type=json", "-p", json.dumps([{
+                        "op": "add", "path": "/status/conditions/-",
+                        "value": _condition("ExternalCheck", "Audited")}]))
+    await kube.apply_status(ns, "applied", {
+        "phase": "Succeeded", "conditions": [_condition("TrainerReady", "TrainerSucceeded")],
+        "resources": {"queues": []}})
+    status = (get(cluster, ns, "applied") or {})["status"]
+    assert status["phase"] == "Succeeded"
+    assert {c["type"]: c["reason"] for c in status["conditions"]} == {
+        "TrainerReady": "TrainerSucceeded", "ExternalCheck": "Audited"}
+    assert "trainerName" not in status["resources"], "a field we no longer send is gone"
+
+
+async def test_a_stale_finalizer_write_is_a_stale_copy_and_a_gone_object_is_none(
+        cluster: LocalCluster, quiet_namespace: str, kube: Kube) -> None:
+    ns = quiet_namespace
+    run = apply(cluster, ns, run_manifest("finalized"))
+    with pytest.raises(StaleCopy):
+        await kube.set_finalizers(ns, "finalized", ["mtrl.dev/x"], "1")
+    meta = await kube.set_finalizers(ns, "finalized", ["mtrl.dev/x"],
+                                     run["metadata"]["resourceVersion"])
+    assert meta is not None and meta["finalizers"] == ["mtrl.dev/x"]
+    assert await kube.set_finalizers(ns, "never-was", [], "1") is None
+
+
+async def test_a_kind_that_is_not_served_says_so(kube: Kube, quiet_namespace: str) -> None:
+    from mtrl_operator.adapters import kube as kube_module
+
+    kube_module.KINDS["Unserved"] = kube_module.create_namespaced_resource(
+        "example.com", "v1", "Unserved", "unserveds")
+    try:
+        with pytest.raises(NotServed):
+            async for _ in kube.list_and_watch("Unserved", {}, quiet_namespace):
+                pass
+    finally:
+        del kube_module.KINDS["Unserved"]

@@ -1,4 +1,4 @@
-"""The controller's in-memory bookkeeping, without servers."""
+"""The run controller's in-memory bookkeeping and its children's caches, without servers."""
 
 from __future__ import annotations
 
@@ -40,19 +40,19 @@ def _child(namespace: str, name: str, run_uid: str) -> dict[str, Any]:
 def test_a_relist_forgets_children_deleted_while_no_watch_was_open() -> None:
     controller = Controller(Settings(), kube=None, aws=None)  # type: ignore[arg-type]
     for kind, name in (("Job", "a-trainer-1"), ("Deployment", "a-workers")):
-        controller.on_child(kind, "ADDED", _child("ns", name, "u-a"))
-    controller.on_child("Job", "ADDED", _child("ns", "b-trainer-1", "u-b"))
-    controller.on_child("Job", "ADDED", _child("other", "c-trainer-1", "u-c"))
+        controller.children.on_event(kind, "ADDED", _child("ns", name, "u-a"))
+    controller.children.on_event("Job", "ADDED", _child("ns", "b-trainer-1", "u-b"))
+    controller.children.on_event("Job", "ADDED", _child("other", "c-trainer-1", "u-c"))
 
     # The watch of Jobs in "ns" was cut while a's trainer was deleted; the new list lacks it.
-    controller.on_children_listed("Job", "ns", [_child("ns", "b-trainer-1", "u-b")])
-    assert "u-a" not in controller.trainers
-    assert set(controller.trainers["u-b"]) == {("Job", "b-trainer-1")}
-    assert set(controller.trainers["u-c"]) == {("Job", "c-trainer-1")}  # another namespace
-    assert "u-a" in controller.deployments  # another kind
+    controller.children.on_listed("Job", "ns", [_child("ns", "b-trainer-1", "u-b")])
+    assert "u-a" not in controller.children.trainers
+    assert set(controller.children.trainers["u-b"]) == {("Job", "b-trainer-1")}
+    assert set(controller.children.trainers["u-c"]) == {("Job", "c-trainer-1")}  # another namespace
+    assert "u-a" in controller.children.deployments  # another kind
 
-    controller.on_children_listed("Deployment", "*", [])
-    assert controller.deployments == {}
+    controller.children.on_listed("Deployment", "*", [])
+    assert controller.children.deployments == {}
 
 
 class _RecordingQueue:
@@ -107,14 +107,15 @@ def test_a_deleted_run_leaves_nothing_behind_even_when_child_events_come_late() 
     controller = Controller(Settings(), kube=None, aws=None)  # type: ignore[arg-type]
     controller.queue = _RecordingQueue()  # type: ignore[assignment]
     controller.on_run("ADDED", _body("Succeeded"))
-    controller.on_child("Job", "ADDED", _child("ns", "run-t1", "u-1"))
-    controller.on_child("ConfigMap", "ADDED", _child("ns", "run-progress", "u-1"))
+    controller.children.on_event("Job", "ADDED", _child("ns", "run-t1", "u-1"))
+    controller.children.on_event("ConfigMap", "ADDED", _child("ns", "run-progress", "u-1"))
     controller.on_run("DELETED", _body("Succeeded"))
     # The garbage collector removes the run's children after the run is gone.
-    controller.on_child("Job", "DELETED", _child("ns", "run-t1", "u-1"))
-    controller.on_child("ConfigMap", "DELETED", _child("ns", "run-progress", "u-1"))
-    assert (controller.runs, controller.keys_by_uid, controller.trainers, controller.deployments,
-            controller.progress, controller.phases, controller.polls) == ({}, {}, {}, {}, {}, {}, {})
+    controller.children.on_event("Job", "DELETED", _child("ns", "run-t1", "u-1"))
+    controller.children.on_event("ConfigMap", "DELETED", _child("ns", "run-progress", "u-1"))
+    children = controller.children
+    assert (controller.runs, controller.keys_by_uid, children.trainers, children.deployments,
+            children.progress, controller.phases, controller.polls) == ({}, {}, {}, {}, {}, {}, {})
 
 
 def test_a_relist_wakes_only_the_runs_whose_children_changed() -> None:
@@ -126,10 +127,10 @@ def test_a_relist_wakes_only_the_runs_whose_children_changed() -> None:
     jobs = [_child("ns", f"{uid}-t1", uid) for uid in ("u-a", "u-b")]
     for job in jobs:
         job["metadata"]["resourceVersion"] = "1"
-        controller.on_child("Job", "ADDED", job)
+        controller.children.on_event("Job", "ADDED", job)
     queue.added.clear()
 
     changed = _child("ns", "u-b-t1", "u-b")
     changed["metadata"]["resourceVersion"] = "2"
-    controller.on_children_listed("Job", "ns", [jobs[0], changed])
+    controller.children.on_listed("Job", "ns", [jobs[0], changed])
     assert queue.added == [("ns", "u-b")]
