@@ -27,8 +27,9 @@ tools: ## build kube-apiserver, controller-manager, scheduler, kubectl, etcd, he
 crds: install ## regenerate crds/ from the API models
 	$(BIN)/mtrl crds
 
-lint: install ## ruff over the whole tree
+lint: install ## ruff over the whole tree, mypy (with the pydantic plugin) over the API and the operator
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: install tools ## the full test suite against a real kube-apiserver and moto server
 	$(BIN)/pytest -q

@@ -1,4 +1,4 @@
-"""GPU readiness check (issue 14, item 5; GUIDE P6), one run, every number.
+"""GPU readiness check (issue 14, item 5; target P6 in bench/NOTES.md), one run, every number.
 
 Checks, in this order, and writes `gpu_check.json` and `gpu_check.md` to `--out-dir` after each
 one (a run cut short keeps what it measured):
@@ -67,7 +67,7 @@ TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "tie_word_embeddings": True, "max_position_embeddings": 2048}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 EOS = 2  # the stop token on both sides (TRL's tokenizer below: t2)
-H200_NOMINAL_TBPS = 4.3  # GUIDE: effective HBM bandwidth used for the P6 bound
+H200_NOMINAL_TBPS = 4.3  # effective HBM bandwidth of an H200, for the P6 bound
 EPSILON, EPSILON_HIGH = 0.2, 0.28
 SDPA_OPS = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
 
@@ -355,7 +355,7 @@ def trl_side(shape: dict[str, Any], args: argparse.Namespace, device: torch.devi
     error = None
     try:
         trainer.train()
-    except Exception as exc:  # the GUIDE's NaN trap ends in a CUDA assert at step 2
+    except Exception as exc:  # TRL's NaN at step 1 ends in a CUDA assert at step 2 (docs/trainer.md)
         error = f"{type(exc).__name__}: {exc}"[:500]
     timed = times[args.warmup:]
     lengths = [entry.get("completions/mean_length", args.new_tokens) for entry in logged]
@@ -377,7 +377,7 @@ def trl_logprob_kernel(shape: dict[str, Any], args: argparse.Namespace, device: 
                        dtype: torch.dtype) -> dict[str, Any]:
     """TRL 1.16 scores completions with its own chunked log-prob function (`add_fused_lm_head`),
     a Triton kernel on CUDA and torch ops elsewhere: the one part of TRL's step that differs
-    between the GPU (NaN gradients at step 1, GUIDE) and the CPU (finite). Here it runs alone on
+    between the GPU (NaN gradients at step 1, docs/trainer.md) and the CPU (finite). Here it runs alone on
     one micro-batch's positions and the model's own head, against log_softmax, values and
     gradients."""
     try:

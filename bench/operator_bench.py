@@ -1,4 +1,4 @@
-"""Operator overhead on the local control plane with moto (targets P1-P3 of the guide).
+"""Operator overhead on the local control plane with moto (targets P1-P3 in bench/NOTES.md).
 
 For each of N runs, one after another (ECS Fargate workers in moto are ready at once, so what
 is measured is the operator, not worker start-up):

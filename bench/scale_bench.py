@@ -1,4 +1,4 @@
-"""One operator replica, many concurrent runs (target P4 of the guide, issue 7).
+"""One operator replica, many concurrent runs (target P4 in bench/NOTES.md, issue 7).
 
 For each N, on the local control plane with moto, with compute simulated:
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from mtrl_api.base import ApiModel, list_map, list_set, rule, rules
 
@@ -595,7 +595,7 @@ class MultiTurnRLRunStatus(ApiModel):
     """Reward worker readiness."""
 
 
-def _immutability_rules() -> dict[str, object]:
+def _immutability_rules() -> dict[str, Any]:
     started = "has(oldSelf.status) && has(oldSelf.status.startTime)"
     return rules(*(
         rule(f"!({started}) || self.spec.{name} == oldSelf.spec.{name}",
@@ -609,7 +609,8 @@ class MultiTurnRLRun(ApiModel):
     """A multi-turn GRPO training run: SQS queues, reward workers and a LoRA trainer that
     exist only while the run needs them."""
 
-    model_config = ApiModel.model_config | {"json_schema_extra": _immutability_rules()}
+    model_config = ConfigDict(**ApiModel.model_config,
+                              json_schema_extra=_immutability_rules())
 
     spec: MultiTurnRLRunSpec
     """What to train, on what, and how."""

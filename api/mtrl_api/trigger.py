@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from mtrl_api.base import ApiModel, list_map, rule, rules
 from mtrl_api.run import (
@@ -206,7 +206,7 @@ class MultiTurnRLTriggerStatus(ApiModel):
     the history limits."""
 
 
-def _immutability_rules() -> dict[str, object]:
+def _immutability_rules() -> dict[str, Any]:
     return rules(
         rule("self.spec.source.s3.bucket == oldSelf.spec.source.s3.bucket",
              "spec.source.s3.bucket is immutable; create another trigger instead",
@@ -221,7 +221,8 @@ class MultiTurnRLTrigger(ApiModel):
     """Starts a MultiTurnRLRun for each new training-data object in S3, from S3's event
     notifications through SQS; deduplicated by object key and ETag."""
 
-    model_config = ApiModel.model_config | {"json_schema_extra": _immutability_rules()}
+    model_config = ConfigDict(**ApiModel.model_config,
+                              json_schema_extra=_immutability_rules())
 
     spec: MultiTurnRLTriggerSpec
     """What to watch and which run to start."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -56,15 +56,19 @@ async def cleanup(**_: Any) -> None:
         await STATE.controller.stop()
 
 
+def _object(event: kopf.RawEvent) -> dict[str, Any]:
+    return cast(dict[str, Any], event["object"])
+
+
 @kopf.on.event(GROUP, VERSION, "multiturnrlruns")
-def run_event(event: dict[str, Any], **_: Any) -> None:
+def run_event(*, event: kopf.RawEvent, **_: Any) -> None:
     if STATE.controller:
-        STATE.controller.on_run(event.get("type"), event["object"])
+        STATE.controller.on_run(event.get("type"), _object(event))
     if STATE.triggers:  # a trigger counts its runs' phases
-        STATE.triggers.on_run(event.get("type"), event["object"])
+        STATE.triggers.on_run(event.get("type"), _object(event))
 
 
 @kopf.on.event(GROUP, VERSION, "multiturnrltriggers")
-def trigger_event(event: dict[str, Any], **_: Any) -> None:
+def trigger_event(*, event: kopf.RawEvent, **_: Any) -> None:
     if STATE.triggers:
-        STATE.triggers.on_trigger(event.get("type"), event["object"])
+        STATE.triggers.on_trigger(event.get("type"), _object(event))

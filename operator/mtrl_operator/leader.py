@@ -222,8 +222,12 @@ class ElectionThread:
         await elector.acquire()
         acquired = self._acquired
         assert acquired is not None
-        acquired.get_loop().call_soon_threadsafe(
-            lambda: acquired.done() or acquired.set_result(None))
+
+        def announce() -> None:  # on the operator's loop; a cancelled wait wants no result
+            if not acquired.done():
+                acquired.set_result(None)
+
+        acquired.get_loop().call_soon_threadsafe(announce)
         hold = asyncio.create_task(elector.hold())
         stop = asyncio.create_task(self._stop.wait())
         await asyncio.wait({hold, stop}, return_when=asyncio.FIRST_COMPLETED)

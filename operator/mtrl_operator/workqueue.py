@@ -10,24 +10,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
 
 log = logging.getLogger("mtrl.workqueue")
 
+K = TypeVar("K", bound=Hashable)
 
-class WorkQueue:
-    def __init__(self, handler: Callable[[Hashable], Awaitable[float | None]], workers: int,
+
+class WorkQueue(Generic[K]):
+    def __init__(self, handler: Callable[[K], Awaitable[float | None]], workers: int,
                  max_backoff: float = 300.0) -> None:
         self._handler = handler
-        self._queue: asyncio.Queue[Hashable] = asyncio.Queue()
-        self._queued: set[Hashable] = set()
-        self._active: set[Hashable] = set()
-        self._dirty: set[Hashable] = set()
-        self._timers: dict[Hashable, asyncio.TimerHandle] = {}
-        self._failures: dict[Hashable, int] = {}
+        self._queue: asyncio.Queue[K] = asyncio.Queue()
+        self._queued: set[K] = set()
+        self._active: set[K] = set()
+        self._dirty: set[K] = set()
+        self._timers: dict[K, asyncio.TimerHandle] = {}
+        self._failures: dict[K, int] = {}
         self._max_backoff = max_backoff
         self._tasks = [asyncio.create_task(self._work()) for _ in range(workers)]
 
-    def add(self, key: Hashable, after: float = 0.0) -> None:
+    def add(self, key: K, after: float = 0.0) -> None:
         if after > 0:
             loop = asyncio.get_running_loop()
             existing = self._timers.get(key)
@@ -43,13 +46,13 @@ class WorkQueue:
             self._queued.add(key)
             self._queue.put_nowait(key)
 
-    def forget(self, key: Hashable) -> None:
+    def forget(self, key: K) -> None:
         timer = self._timers.pop(key, None)
         if timer:
             timer.cancel()
         self._failures.pop(key, None)
 
-    def _fire(self, key: Hashable) -> None:
+    def _fire(self, key: K) -> None:
         self._timers.pop(key, None)
         self.add(key)
 

@@ -11,8 +11,9 @@ demo run the real trainer and workers. What it does, and where it differs from a
   other agent on the machine holds, so pods can bind the same port and readiness probes
   (httpGet, tcpSocket) are real. A Python process's wildcard bind (0.0.0.0) becomes a bind to
   its pod IP (`podnet/sitecustomize.py`), as in a pod's own network namespace.
-- Materialises ConfigMap, Secret, emptyDir and projected volumes under the pod's directory and
-  rewrites mount paths found in env values and arguments to that directory.
+- Materialises ConfigMap and Secret volumes (their keys as files) and emptyDir volumes (an empty
+  folder) under the pod's directory, and rewrites mount paths found in env values and
+  arguments to that directory. Other volumes, projected ones included, are empty folders.
 - Replaces in-cluster credentials with a kubeconfig holding a token for the pod's
   ServiceAccount (TokenRequest), so pods act with their own RBAC.
 - Passes the variables in `<work-dir>/../pod-env.json` (e.g. the moto endpoint) to every pod.

@@ -530,6 +530,8 @@ def test_runs_finish_with_full_status_through_status_conflicts(
         assert operator.alive
         counts = proxy.counts
         assert counts.conflicts_injected > 0
+        # Status by server-side apply owns only the operator's own conditions.
+        assert writer.writes["status"] > 0 and writer.lost == 0, writer.lost
         print(f"\nKubernetes faults, status conflicts: {counts.conflicts_injected} of "
               f"{counts.status_writes} status writes answered 409 by the proxy; 409s the "
               f"API server itself returned (Conflict: another writer got there first): "

@@ -118,10 +118,10 @@ to objects the operator owns. */}}
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, list, watch, create, patch]
-# The trainer's rendezvous Service (Job launcher).
+# The trainer's rendezvous Service (Job launcher), deleted by its name (the Job's).
 - apiGroups: [""]
   resources: [services]
-  verbs: [list, create, delete]
+  verbs: [create, delete]
 # The progress channel's Role and RoleBinding (deleted with the run by the garbage collector).
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]

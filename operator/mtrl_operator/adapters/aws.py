@@ -65,7 +65,7 @@ def _queue_role(names: RunNames, url: str) -> str | None:
     return None
 
 
-def _count_request(event_name: str, **_: Any) -> None:
+def _count_request(event_name: str, **kwargs: Any) -> None:
     _, service, operation = event_name.split(".", 2)  # before-send.<service>.<Operation>
     metrics.CLOUD_REQUESTS.labels(service=service, operation=operation).inc()
 

@@ -7,7 +7,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
@@ -204,11 +204,11 @@ class Kube:
             "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "count": 1,
         })
         try:
-            await self.client.create(event)
+            await self.client.create(cast(CoreEvent, event))
         except ApiError as exc:  # an event is best effort: a terminating namespace refuses it
             log.debug("event not posted: %s", exc)
 
-    async def list_and_watch(self, kind: str, labels: dict[str, str],
+    async def list_and_watch(self, kind: str, labels: dict[str, Any],
                              namespace: str) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
         """An informer's stream: first ("LISTED", every object), then ("ADDED" | "MODIFIED" |
         "DELETED", [object]) from the list's resourceVersion on, until the watch ends (a cut

@@ -217,4 +217,4 @@ class TriggerAws:
         """False when it was already gone (the tagging API lags behind deletions)."""
         parts = arn.split(":")
         url = await self._queue_url(parts[5], account=parts[4])
-        return bool(url) and await self._delete_queue(url)
+        return url is not None and await self._delete_queue(url)

@@ -275,10 +275,11 @@ class Controller:
             # for good, so a cache that has not caught up (a restart's first reconcile, a
             # watch behind a create) must not say so: read both from the API server.
             kind = spec.trainer.launcher.value
-            live = await self.kube.get(kind, names.trainer(status.attempts), names.namespace)
-            if live is not None:
-                current = trainer_state(kind, live, status.attempts)
-                trainers = {**trainers, (kind, names.trainer(status.attempts)): live}
+            workload = await self.kube.get(kind, names.trainer(status.attempts),
+                                           names.namespace)
+            if workload is not None:
+                current = trainer_state(kind, workload, status.attempts)
+                trainers = {**trainers, (kind, names.trainer(status.attempts)): workload}
                 refs.trainer_kind, refs.trainer_name = kind, names.trainer(status.attempts)
             progress_cm = await self.kube.get("ConfigMap", names.progress_config_map,
                                               names.namespace) or progress_cm
