@@ -3,3 +3,6 @@
 GROUP = "mtrl.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+
+# The key of the run's progress ConfigMap that the trainer writes and the operator reads.
+PROGRESS_KEY = "progress.json"

@@ -494,8 +494,6 @@ class QueueRef(ApiModel):
     """What the queue carries: rollout, result, generate, dlq."""
     url: Annotated[str, Field(max_length=2048)]
     """Queue URL."""
-    arn: Annotated[str, Field(max_length=2048)] | None = None
-    """Queue ARN."""
 
 
 class ResourceRefs(ApiModel):

@@ -33,7 +33,6 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 
 FINALIZER = f"{GROUP}/cleanup"
 ANNOTATION_FORCE_RELEASE = f"{GROUP}/force-release"
-PROGRESS_KEY = "progress.json"
 
 QUEUE_ROLES = ("rollout", "result", "generate", "dlq")
 

@@ -80,10 +80,6 @@ class WorkQueue(Generic[K]):
             elif requeue is not None:
                 self.add(key, after=requeue)
 
-    @property
-    def depth(self) -> int:
-        return self._queue.qsize()
-
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()

@@ -19,7 +19,7 @@ from pathlib import Path
 import boto3
 import yaml
 
-from mtrl_operator.naming import RunNames
+from mtrl_operator.naming import LABEL_RUN_UID, RunNames
 from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
 from mtrl_testbed.moto import MotoServer
 
@@ -120,7 +120,7 @@ def main() -> int:
         time.sleep(5)
         queues = boto3.client("sqs").list_queues(QueueNamePrefix=names.aws_prefix)
         pods = cluster.kubectl("get", "pods,jobs,deployments", "-l",
-                               f"mtrl.dev/run-uid={names.uid}", "-o", "name").stdout.split()
+                               f"{LABEL_RUN_UID}={names.uid}", "-o", "name").stdout.split()
         print("== what is left of the run's ephemeral resources")
         print(f"   SQS queues:               {len(queues.get('QueueUrls', []))}")
         print(f"   pods, Jobs, Deployments:  {len(pods)} {pods}")

@@ -101,11 +101,12 @@ def test_spec_immutability_rules_use_old_self(schema: dict) -> None:
 @pytest.mark.parametrize("path", sorted((REPO / "manifests" / "examples").glob("*.yaml")),
                          ids=lambda p: p.name)
 def test_examples_parse_with_the_models(path: Path) -> None:
-    for doc in yaml.safe_load_all(path.read_text()):
-        if doc and doc.get("kind") == "MultiTurnRLRun":
-            MultiTurnRLRunSpec.model_validate(doc["spec"])
-        if doc and doc.get("kind") == "MultiTurnRLTrigger":
-            MultiTurnRLTriggerSpec.model_validate(doc["spec"])
+    models = {"MultiTurnRLRun": MultiTurnRLRunSpec, "MultiTurnRLTrigger": MultiTurnRLTriggerSpec}
+    docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    assert docs, f"{path.name} holds no object"
+    for doc in docs:  # an object of another kind is unchecked here: it must not pass quietly
+        assert doc.get("kind") in models, f"{path.name}: no model checks a {doc.get('kind')}"
+        models[doc["kind"]].model_validate(doc["spec"])
 
 
 def test_trigger_template_is_the_run_spec_without_a_required_dataset(schema: dict,

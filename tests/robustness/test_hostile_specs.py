@@ -11,6 +11,7 @@ alive, and once deleted no run may leave anything in AWS or the cluster.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -98,20 +99,17 @@ def _failure_reasons(cluster: LocalCluster, runs: list[Accepted]) -> Counter[str
 
 
 def _settle(cluster: LocalCluster, runs: list[Accepted]) -> dict[str, str | None]:
-    """Wait for every run to finish; a run still Running at the end, and a few seconds later,
-    counts as steadily Running."""
+    """Wait, polling, until every run has finished or trains (Running: its spec was a valid
+    one); a run in any other phase when the bound runs out is stuck."""
     def phases() -> dict[str, str | None]:
         return {f"{a.names.namespace}/{a.names.name}": _phase(cluster, a.names) for a in runs}
 
-    deadline = time.monotonic() + SETTLE_TIMEOUT_S
-    while time.monotonic() < deadline and not set(phases().values()) <= TERMINAL:
-        time.sleep(2)
-    first = phases()
-    if set(first.values()) <= TERMINAL:
-        return first
-    time.sleep(5)
-    return {key: phase if phase in TERMINAL or phase == first[key] == "Running" else
-            f"stuck in {phase}" for key, phase in phases().items()}
+    settled = TERMINAL | {"Running"}
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: set(phases().values()) <= settled, SETTLE_TIMEOUT_S,
+                 "every hostile run to finish or train", interval=2)
+    return {key: phase if phase in settled else f"stuck in {phase}"
+            for key, phase in phases().items()}
 
 
 def _teardown(cluster: LocalCluster, runs: list[Accepted]) -> None:
@@ -207,7 +205,7 @@ def test_a_child_object_kubernetes_refuses_fails_the_run(
 # ECS references the schema cannot check: the run names a cluster or subnet that does not exist.
 MISSING_ECS = {"no-cluster": {"cluster": "does-not-exist"},
                "no-subnet": {"subnets": ["subnet-does-not-exist"]}}
-MISSING_WAIT_S = 20
+MISSING_WAIT_S = 90  # a bound on waits that end as soon as the runs have moved on
 
 
 def _force_release(cluster: LocalCluster, run: RunNames) -> None:
@@ -230,13 +228,20 @@ def test_missing_ecs_resources_fail_the_run_and_deletion_completes(
         assert code == 0, text
         runs.append(RunNames(namespace, case, json.loads(text)["metadata"]["uid"], "missing-ecs"))
     try:
-        time.sleep(MISSING_WAIT_S)
+        began = time.monotonic()
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: all(_phase(cluster, r) == "Failed" for r in runs), MISSING_WAIT_S,
+                     "every run with a missing ECS resource to fail")
+        failed_after = time.monotonic() - began
         phases = {r.name: _phase(cluster, r) for r in runs}
         cluster.kubectl("delete", "mtrlrun", "--all", "-n", namespace, "--wait=false")
-        time.sleep(MISSING_WAIT_S)
+        began = time.monotonic()
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: all(get(cluster, namespace, r.name) is None for r in runs),
+                     MISSING_WAIT_S, "every such run to be deleted")
         left = [r.name for r in runs if get(cluster, namespace, r.name) is not None]
-        print(f"\nmissing ECS resources: phases after {MISSING_WAIT_S}s: {phases}; "
-              f"still there {MISSING_WAIT_S}s after deletion: {left}")
+        print(f"\nmissing ECS resources: phases after {failed_after:.1f}s: {phases}; "
+              f"gone {time.monotonic() - began:.1f}s after deletion but for: {left}")
     finally:
         for r in runs:
             _force_release(cluster, r)

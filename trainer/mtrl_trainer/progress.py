@@ -20,9 +20,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from mtrl_api import PROGRESS_KEY
+
 log = logging.getLogger(__name__)
 
-PROGRESS_KEY = "progress.json"
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,6 @@ QUEUE_GONE = ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")
 
 
 @dataclass(frozen=True)
-class Queue:
-    role: str
-    url: str
-    arn: str
-
-
-@dataclass(frozen=True)
 class WorkerTask:
     arn: str
     last_status: str
@@ -150,19 +143,16 @@ class Aws:
         return resp["Attributes"]["QueueArn"]
 
     async def ensure_queues(self, names: RunNames, dlq_req: QueueRequest, work_req: Any,
-                            existing: dict[str, str]) -> list[Queue]:
+                            existing: dict[str, str]) -> None:
         """Create the dead-letter queue, then the work queues that redrive into it, except
         those in `existing` (`queues()`, just read). `work_req(role, dlq_arn)` builds each work
         queue's request. CreateQueue with the same name and attributes returns the existing
         queue, so this is safe to repeat."""
         dlq_url = existing.get(DLQ) or await self._create_queue(dlq_req)
         dlq_arn = await self.queue_arn(dlq_url)
-        out = [Queue(DLQ, dlq_url, dlq_arn)]
         for role in WORK_QUEUES:
-            req = work_req(role, dlq_arn)
-            url = existing.get(role) or await self._create_queue(req)
-            out.append(Queue(role, url, f"{dlq_arn.rsplit(':', 1)[0]}:{req.name}"))
-        return out
+            if role not in existing:
+                await self._create_queue(work_req(role, dlq_arn))
 
     async def delete_queues(self, names: RunNames) -> int:
         """Delete every queue under the run's prefix, workers' reply queues included."""

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import httpx2 as httpx
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
@@ -46,6 +47,10 @@ def _dict(obj: Any) -> dict[str, Any]:
     return obj.to_dict() if hasattr(obj, "to_dict") else dict(obj)
 
 
+def _message(exc: Exception) -> str:
+    return str(exc.status.message) if isinstance(exc, ApiError) else str(exc)
+
+
 def _status_code(exc: Exception) -> int | None:
     if isinstance(exc, ApiError):
         return int(exc.status.code) if exc.status.code is not None else None
@@ -67,14 +72,14 @@ class Kube:
         obj = codecs.from_dict(manifest)
         try:
             await self.client.create(obj)
-        except ApiError as exc:
-            if exc.status.code == 409:
+        except (ApiError, httpx.HTTPStatusError) as exc:
+            if _status_code(exc) == 409:
                 return False
             # 422 (invalid) and 400 (unreadable, e.g. a quantity "4K"): the object is made
             # from the run's spec, so the spec is at fault and retrying cannot help.
-            if exc.status.code in (400, 422):
+            if _status_code(exc) in (400, 422):
                 raise SpecError("InvalidChildObject", f"{manifest['kind']} "
-                                f"{manifest['metadata']['name']}: {exc.status.message}") from exc
+                                f"{manifest['metadata']['name']}: {_message(exc)}") from exc
             raise
         metrics.RESOURCES_CREATED.labels(kind=manifest["kind"]).inc()
         return True
@@ -83,8 +88,8 @@ class Kube:
         """A live (quorum) read, never a cache: None when the object does not exist."""
         try:
             obj = await self.client.get(KINDS[kind], name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
+        except (ApiError, httpx.HTTPStatusError) as exc:
+            if _status_code(exc) == 404:
                 return None
             raise
         return _dict(obj)
@@ -95,29 +100,32 @@ class Kube:
         try:
             await self.client.delete(KINDS[kind], name, namespace=namespace,
                                      cascade=CascadeType.BACKGROUND, grace_period=None)
-        except ApiError as exc:
-            if exc.status.code != 404:
+        except (ApiError, httpx.HTTPStatusError) as exc:
+            if _status_code(exc) != 404:
                 raise
             return
         metrics.RESOURCES_DELETED.labels(kind=kind).inc()
 
     @mutating("apply the status of {kind} {namespace}/{name}")
     async def apply_status(self, namespace: str, name: str, status: dict[str, Any],
+                           own_conditions: frozenset[str],
                            kind: str = "MultiTurnRLRun") -> None:
-        """Server-side apply under the operator's field manager: it owns the fields it sends
-        (its own condition types among them, `conditions` being a map keyed by `type`), so
+        """Server-side apply under the operator's field manager: it owns the fields it sends,
+        and of `conditions` (a map keyed by `type`) only the types in `own_conditions`, so
         another writer's conditions stay, and a field it no longer sends goes. A run or
         trigger deleted meanwhile has no status to keep."""
+        ours = {**status, "conditions": [c for c in status.get("conditions") or []
+                                         if c.get("type") in own_conditions]}
         body = {"apiVersion": API_VERSION, "kind": kind,
-                "metadata": {"name": name, "namespace": namespace}, "status": status}
+                "metadata": {"name": name, "namespace": namespace}, "status": ours}
         try:
             await self.client.patch(KINDS[kind].Status, name, body, namespace=namespace,
                                     patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER,
                                     force=True)
-        except ApiError as exc:
-            if exc.status.code == 409:
+        except (ApiError, httpx.HTTPStatusError) as exc:
+            if _status_code(exc) == 409:
                 raise StaleCopy(f"status of {namespace}/{name}") from exc
-            if exc.status.code != 404:
+            if _status_code(exc) != 404:
                 raise
 
     @mutating("set the finalizers of {kind} {namespace}/{name}")
@@ -132,10 +140,10 @@ class Kube:
             obj = await self.client.patch(KINDS[kind], name, {"metadata": {
                 "finalizers": finalizers, "resourceVersion": resource_version}},
                 namespace=namespace, patch_type=PatchType.MERGE)
-        except ApiError as exc:
-            if exc.status.code == 409:
+        except (ApiError, httpx.HTTPStatusError) as exc:
+            if _status_code(exc) == 409:
                 raise StaleCopy(f"finalizers of {namespace}/{name}") from exc
-            if exc.status.code == 404:
+            if _status_code(exc) == 404:
                 return None
             raise
         return dict(_dict(obj)["metadata"])
@@ -153,10 +161,10 @@ class Kube:
                 {"op": "replace", "path": "/metadata/finalizers",
                  "value": [f for f in finalizers if f != finalizer]},
             ], namespace=namespace, patch_type=PatchType.JSON)
-        except ApiError as exc:
-            if exc.status.code == 404:
+        except (ApiError, httpx.HTTPStatusError) as exc:
+            if _status_code(exc) == 404:
                 return None
-            if exc.status.code == 422:  # the test failed: someone changed the list
+            if _status_code(exc) == 422:  # the test failed: someone changed the list
                 raise StaleCopy(f"finalizers of {namespace}/{name}") from exc
             raise
         return dict(_dict(obj)["metadata"])
@@ -169,8 +177,8 @@ class Kube:
             try:
                 found += [(o.metadata.namespace, o.metadata.name)
                           async for o in self.client.list(KINDS[kind], namespace=ns)]
-            except ApiError as exc:
-                if exc.status.code != 404:
+            except (ApiError, httpx.HTTPStatusError) as exc:
+                if _status_code(exc) != 404:
                     raise
         return found
 
@@ -205,7 +213,8 @@ class Kube:
         })
         try:
             await self.client.create(cast(CoreEvent, event))
-        except ApiError as exc:  # an event is best effort: a terminating namespace refuses it
+        # An Event is best effort: a terminating namespace refuses it.
+        except (ApiError, httpx.HTTPStatusError) as exc:
             log.debug("event not posted: %s", exc)
 
     async def list_and_watch(self, kind: str, labels: dict[str, Any],

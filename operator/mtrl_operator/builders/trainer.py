@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from mtrl_api import PROGRESS_KEY
 from mtrl_api.run import LauncherKind, MultiTurnRLRunSpec
 from mtrl_operator.builders import security
 from mtrl_operator.builders.env import CONFIG_DIR, CONFIG_FILE, as_k8s
-from mtrl_operator.naming import PROGRESS_KEY, RunNames
+from mtrl_operator.naming import LABEL_ATTEMPT, RunNames
 from mtrl_operator.reconcile.retries import RetryOwner, retry_owner
 
 RENDEZVOUS_PORT = 29500
@@ -204,7 +205,7 @@ def pod_template(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
     }
     if trainer.service_account_name:
         pod_spec["serviceAccountName"] = trainer.service_account_name
-    labels = {**names.labels("trainer"), "mtrl.dev/attempt": str(attempt)}
+    labels = {**names.labels("trainer"), LABEL_ATTEMPT: str(attempt)}
     if trainer.launcher == LauncherKind.HYPERPOD_PYTORCH_JOB:
         labels |= _kueue_labels(spec)  # as the HyperPod CLI's template does
     metadata: dict[str, Any] = {"labels": labels}
@@ -215,7 +216,7 @@ def pod_template(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
 
 def _workload_meta(names: RunNames, spec: MultiTurnRLRunSpec, attempt: int,
                    owner: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    labels = {**names.labels("trainer"), "mtrl.dev/attempt": str(attempt), **_kueue_labels(spec)}
+    labels = {**names.labels("trainer"), LABEL_ATTEMPT: str(attempt), **_kueue_labels(spec)}
     meta: dict[str, Any] = {"name": names.trainer(attempt), "namespace": names.namespace,
                             "labels": labels, "ownerReferences": [owner]}
     if annotations:

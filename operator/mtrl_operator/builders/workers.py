@@ -7,7 +7,7 @@ from typing import Any
 from mtrl_api.run import MultiTurnRLRunSpec
 from mtrl_operator.builders import security
 from mtrl_operator.builders.env import HEALTH_PORT, as_k8s
-from mtrl_operator.naming import RunNames
+from mtrl_operator.naming import LABEL_COMPONENT, LABEL_RUN_UID, RunNames
 
 WORKER_COMMAND = ["mtrl", "worker"]
 RUN_TASK_BATCH = 10  # ECS RunTask starts at most 10 tasks per call
@@ -112,7 +112,7 @@ def deployment(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
         "spec": {
             "replicas": workers.max_replicas,
             "selector": {"matchLabels": {k: labels[k] for k in
-                                         ("mtrl.dev/run-uid", "mtrl.dev/component")}},
+                                         (LABEL_RUN_UID, LABEL_COMPONENT)}},
             "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }

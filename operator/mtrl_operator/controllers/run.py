@@ -37,7 +37,13 @@ from mtrl_operator.reconcile.observe import (
     trainer_report,
     trainer_state,
 )
-from mtrl_operator.reconcile.run import Decision, Observed, TrainerObserved, decide
+from mtrl_operator.reconcile.run import (
+    CONDITION_TYPES,
+    Decision,
+    Observed,
+    TrainerObserved,
+    decide,
+)
 from mtrl_operator.settings import Settings
 from mtrl_operator.workqueue import WorkQueue, every
 
@@ -62,7 +68,7 @@ class Controller:
         self.runs: dict[Key, dict[str, Any]] = {}
         self.keys_by_uid: dict[str, Key] = {}
         self.children = Children(kube, settings.list_scopes, self._child_changed)
-        self.actions = RunActions(settings, kube, aws, self.children)
+        self.actions = RunActions(settings, kube, aws)
         self.phases: dict[Key, str] = {}  # for the runs-by-phase gauge, kept in O(1) per change
         self.polls: dict[Key, tuple[Any, int]] = {}  # last poll's outcome, polls in a row
         self.queue: WorkQueue[Key] | None = None
@@ -292,7 +298,8 @@ class Controller:
             deleting=deleting, spec=spec, spec_error=spec_error, status=status,
             queues_ready=len(queue_urls) == 4, queues_exist=bool(queue_urls),
             workers_exist=workers_exist, workers_desired=desired, workers_ready=ready,
-            trainer=current, trainers_exist=bool(trainers), resources=refs,
+            trainer=current, trainers_exist=bool(trainers), trainer_workloads=tuple(trainers),
+            resources=refs,
             progress=progress_from_configmap(progress_cm) if progress_cm else None,
             namespace=names.namespace, reported_attempt=reported_attempt, trainer_outcome=outcome,
         )
@@ -303,7 +310,7 @@ class Controller:
         new = decision.status.wire()
         old = self._parse_status(body).wire()
         if new != old:
-            await self.kube.apply_status(meta["namespace"], meta["name"], new)
+            await self.kube.apply_status(meta["namespace"], meta["name"], new, CONDITION_TYPES)
             body["status"] = new  # our cache sees our own write before the watch echoes it
             self._track_phase((meta["namespace"], meta["name"]), new["phase"])
         for event in decision.events:

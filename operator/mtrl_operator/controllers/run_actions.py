@@ -17,7 +17,6 @@ from mtrl_operator.builders import queues as queue_builders
 from mtrl_operator.builders import trainer as trainer_builders
 from mtrl_operator.builders import workers as worker_builders
 from mtrl_operator.builders.env import trainer_env, worker_env
-from mtrl_operator.controllers.children import Children
 from mtrl_operator.naming import FINALIZER, RunNames, owner_reference
 from mtrl_operator.reconcile.run import Act, Decision, Observed
 from mtrl_operator.settings import Settings
@@ -30,11 +29,10 @@ def _queue_urls(obs: Observed) -> dict[str, str]:
 
 
 class RunActions:
-    def __init__(self, settings: Settings, kube: Kube, aws: Aws, children: Children) -> None:
+    def __init__(self, settings: Settings, kube: Kube, aws: Aws) -> None:
         self.settings = settings
         self.kube = kube
         self.aws = aws
-        self.children = children
 
     def cluster(self, spec: MultiTurnRLRunSpec | None) -> str:
         """The run's ECS cluster, or the operator's default."""
@@ -60,7 +58,7 @@ class RunActions:
                 assert spec is not None
                 await self._ensure_trainer(body, names, spec, obs, decision.attempt)
             elif action == Act.DELETE_TRAINER:
-                await self._delete_trainers(names)
+                await self._delete_trainers(names, obs)
             elif action == Act.DELETE_WORKERS:
                 await self._delete_workers(names, spec, obs)
             elif action == Act.DELETE_QUEUES:
@@ -103,8 +101,10 @@ class RunActions:
         for manifest in trainer_builders.workload(names, spec, env, attempt, owner):
             await self.kube.create(manifest)
 
-    async def _delete_trainers(self, names: RunNames) -> None:
-        for kind, name in list(self.children.trainers.get(names.uid, {})):
+    async def _delete_trainers(self, names: RunNames, obs: Observed) -> None:
+        # What the reconcile observed, a live read included: a kind whose watch has not listed
+        # yet (a CRD installed after the operator started) is not in the cache.
+        for kind, name in obs.trainer_workloads:
             if kind == "Job":
                 # Its rendezvous Service, of the same name, first: the Service is not watched,
                 # so the Job's existence is what brings a restarted operator back here.
@@ -113,9 +113,9 @@ class RunActions:
 
     async def _delete_workers(self, names: RunNames, spec: MultiTurnRLRunSpec | None,
                               obs: Observed) -> None:
-        dep = self.children.deployments.get(names.uid)
-        if dep is not None:
-            await self.kube.delete("Deployment", dep["metadata"]["name"], names.namespace)
+        if obs.resources.worker_deployment:
+            await self.kube.delete("Deployment", obs.resources.worker_deployment,
+                                   names.namespace)
         if spec is None or spec.workers.backend == WorkerBackend.ECS_FARGATE:
             # The live tasks this reconcile observed; one started since is stopped next time.
             await self.aws.stop_tasks(self.cluster(spec), obs.resources.task_arns)

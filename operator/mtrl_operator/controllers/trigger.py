@@ -186,7 +186,8 @@ class TriggerController:
         meta = body["metadata"]
         old, new = self._status(body).wire(), status.wire()
         if old != new:
-            await self.kube.apply_status(meta["namespace"], meta["name"], new, kind=KIND)
+            await self.kube.apply_status(meta["namespace"], meta["name"], new,
+                                         decide.CONDITION_TYPES, kind=KIND)
         self.statuses[meta["uid"]] = status
 
     def _mark_deleting(self, uid: str, name: str) -> None:

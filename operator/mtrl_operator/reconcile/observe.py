@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from mtrl_api import PROGRESS_KEY
 from mtrl_api.run import MultiTurnRLRunSpec, Progress, WorkerBackend, WorkersSpec
 from mtrl_operator.reconcile.run import TrainerObserved, TrainerState
 from mtrl_operator.settings import Settings
@@ -78,7 +79,7 @@ def trainer_state(kind: str, obj: dict[str, Any], attempt: int) -> TrainerObserv
 
 def _progress_json(obj: dict[str, Any]) -> dict[str, Any]:
     try:
-        data = json.loads((obj.get("data") or {}).get("progress.json") or "{}")
+        data = json.loads((obj.get("data") or {}).get(PROGRESS_KEY) or "{}")
     except json.JSONDecodeError:
         return {}  # a half-written or foreign report is ignored, never fatal
     return data if isinstance(data, dict) else {}

@@ -26,6 +26,10 @@ from mtrl_api.run import (
 )
 from mtrl_operator.reconcile.retries import RetryOwner, retry_owner
 
+# The run's conditions this operator writes (and owns under server-side apply); others'
+# conditions on the run are theirs and left alone.
+CONDITION_TYPES = frozenset({"Progressing", "QueuesReady", "WorkersReady", "TrainerReady",
+                             "Complete", "Failed", "RewardCollapse"})
 SUCCEEDED_OUTCOME = "Succeeded"  # what a trainer writes into its progress once training is done
 
 
@@ -81,6 +85,8 @@ class Observed:
     workers_ready: int = 0
     trainer: TrainerObserved | None = None  # the current attempt's workload, if it exists
     trainers_exist: bool = False  # any attempt's workload
+    # (kind, name) of every trainer workload seen: what DeleteTrainer deletes.
+    trainer_workloads: tuple[tuple[str, str], ...] = ()
     resources: ResourceRefs = field(default_factory=ResourceRefs)
     progress: Progress | None = None
     namespace: str = ""  # the run's: whether HyperPod auto-resume applies depends on it

@@ -28,6 +28,8 @@ from mtrl_operator.naming import TriggerNames, object_hash
 from mtrl_operator.reconcile.notifications import ObjectEvent
 from mtrl_operator.reconcile.run import set_condition
 
+CONDITION_TYPES = frozenset({"Ready"})  # the trigger's conditions this operator writes
+
 
 def _time(value: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None

@@ -12,6 +12,7 @@ from lightkube import AsyncClient, KubeConfig
 
 from mtrl_operator.adapters.kube import Kube
 from mtrl_operator.errors import NotServed, StaleCopy
+from mtrl_operator.reconcile.run import CONDITION_TYPES
 from mtrl_testbed.cluster import LocalCluster
 from tests.operator.runs import apply, get, run_manifest
 
@@ -42,15 +43,18 @@ async def test_status_apply_keeps_other_writers_conditions_and_drops_what_went_a
     apply(cluster, ns, run_manifest("applied"))
     await kube.apply_status(ns, "applied", {
         "phase": "Running", "conditions": [_condition("TrainerReady", "Running")],
-        "resources": {"trainerName": "applied-t1", "queues": []}})
+        "resources": {"trainerName": "applied-t1", "queues": []}}, CONDITION_TYPES)
     # Another controller adds a condition of its own, as a well-behaved one does.
     cluster.kubectl("patch", "mtrlrun", "applied", "-n", ns, "--subresource=status",
                     "--type=json", "-p", json.dumps([{
                         "op": "add", "path": "/status/conditions/-",
                         "value": _condition("ExternalCheck", "Audited")}]))
+    # Our status as decided from what we read: the other writer's condition is in it, with an
+    # older value; it is not ours to write.
     await kube.apply_status(ns, "applied", {
-        "phase": "Succeeded", "conditions": [_condition("TrainerReady", "TrainerSucceeded")],
-        "resources": {"queues": []}})
+        "phase": "Succeeded", "conditions": [_condition("TrainerReady", "TrainerSucceeded"),
+                                             _condition("ExternalCheck", "Stale")],
+        "resources": {"queues": []}}, CONDITION_TYPES)
     status = (get(cluster, ns, "applied") or {})["status"]
     assert status["phase"] == "Succeeded"
     assert {c["type"]: c["reason"] for c in status["conditions"]} == {
