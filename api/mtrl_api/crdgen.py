@@ -141,9 +141,25 @@ def _assert_described(schema: dict[str, Any], path: str) -> None:
             _assert_described(prop["items"], f"{path}.{key}[]")
 
 
+def _without_defaults(node: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in node.items() if k != "default"}
+    if "properties" in node:
+        out["properties"] = {k: _without_defaults(v) for k, v in node["properties"].items()}
+    if "items" in node:
+        out["items"] = _without_defaults(node["items"])
+    return out
+
+
 def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     schema = _Translator(model).translate()
     _assert_described(schema, model.__name__)
+    # No defaults in status. The API server would fill them in on another writer's update
+    # (a merge patch of one condition), and server-side apply then counts that writer as an
+    # owner of fields it never wrote (`resources.queues`, `workers`): when the operator empties
+    # such a list, the API server keeps it as null and refuses every later status write.
+    # The operator writes every status field it owns; readers get the defaults from the models.
+    if "status" in schema.get("properties", {}):
+        schema["properties"]["status"] = _without_defaults(schema["properties"]["status"])
     return schema
 
 

@@ -90,6 +90,14 @@ def test_defaults_bounds_and_enums_come_from_the_models(schema: dict) -> None:
     assert trainer["launcher"]["enum"] == ["Job", "PyTorchJob", "HyperPodPyTorchJob"]
 
 
+def test_status_has_no_defaults(any_schema: dict) -> None:
+    # Defaults there make another writer's merge patch an owner of fields it never wrote, and
+    # server-side apply then leaves a list the operator empties as null (refused by the schema).
+    defaulted = [path for path, node in _walk(any_schema["properties"]["status"])
+                 if "default" in node]
+    assert not defaulted
+
+
 def test_spec_immutability_rules_use_old_self(schema: dict) -> None:
     rules = schema["x-kubernetes-validations"]
     guarded = {r["fieldPath"] for r in rules}

@@ -340,14 +340,18 @@ def test_orphaned_trigger_queues_are_swept(operator: OperatorProcess) -> None:
     sqs, s3 = boto3.client("sqs"), boto3.client("s3")
     ghost = TriggerNames("gone", "ghost", str(uuid.uuid4()), "shared")
     stranger = TriggerNames("gone", "ghost", str(uuid.uuid4()), "someone-else")
-    for names in (ghost, stranger):
-        for queue in (names.queue, names.dead_letter_queue):
-            sqs.create_queue(QueueName=queue, tags=names.tags("trigger-queue", bucket))
-    arn = sqs.get_queue_attributes(QueueUrl=sqs.get_queue_url(QueueName=ghost.queue)["QueueUrl"],
+    # Untagged until the bucket points at the ghost, so the sweeper cannot take the queues
+    # before the notification entry it must also remove is there.
+    urls = {queue: sqs.create_queue(QueueName=queue)["QueueUrl"]
+            for names in (ghost, stranger) for queue in (names.queue, names.dead_letter_queue)}
+    arn = sqs.get_queue_attributes(QueueUrl=urls[ghost.queue],
                                    AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     s3.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration={
         "QueueConfigurations": [theirs, {"Id": ghost.notification_id, "QueueArn": arn,
                                          "Events": ["s3:ObjectCreated:*"]}]})
+    for names in (ghost, stranger):
+        for queue in (names.queue, names.dead_letter_queue):
+            sqs.tag_queue(QueueUrl=urls[queue], Tags=names.tags("trigger-queue", bucket))
     wait_for(lambda: not queue_exists(ghost.queue) and not queue_exists(ghost.dead_letter_queue),
              30, "the orphaned trigger queues to be swept")
     assert notification_ids(bucket) == {"someone-else"}
