@@ -109,24 +109,27 @@ class Kube:
     @mutating("apply the status of {kind} {namespace}/{name}")
     async def apply_status(self, namespace: str, name: str, status: dict[str, Any],
                            own_conditions: frozenset[str],
-                           kind: str = "MultiTurnRLRun") -> None:
+                           kind: str = "MultiTurnRLRun") -> str | None:
         """Server-side apply under the operator's field manager: it owns the fields it sends,
         and of `conditions` (a map keyed by `type`) only the types in `own_conditions`, so
-        another writer's conditions stay, and a field it no longer sends goes. A run or
-        trigger deleted meanwhile has no status to keep."""
+        another writer's conditions stay, and a field it no longer sends goes. Returns the
+        resourceVersion the write made; None when the run or trigger is gone (no status to
+        keep)."""
         ours = {**status, "conditions": [c for c in status.get("conditions") or []
                                          if c.get("type") in own_conditions]}
         body = {"apiVersion": API_VERSION, "kind": kind,
                 "metadata": {"name": name, "namespace": namespace}, "status": ours}
         try:
-            await self.client.patch(KINDS[kind].Status, name, body, namespace=namespace,
-                                    patch_type=PatchType.APPLY, field_manager=FIELD_MANAGER,
-                                    force=True)
+            obj = await self.client.patch(KINDS[kind].Status, name, body, namespace=namespace,
+                                          patch_type=PatchType.APPLY,
+                                          field_manager=FIELD_MANAGER, force=True)
         except (ApiError, httpx.HTTPStatusError) as exc:
             if _status_code(exc) == 409:
                 raise StaleCopy(f"status of {namespace}/{name}") from exc
             if _status_code(exc) != 404:
                 raise
+            return None
+        return str(_dict(obj)["metadata"]["resourceVersion"])
 
     @mutating("set the finalizers of {kind} {namespace}/{name}")
     async def set_finalizers(self, namespace: str, name: str, finalizers: list[str],

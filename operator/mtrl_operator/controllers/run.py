@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -51,6 +51,29 @@ log = logging.getLogger("mtrl.controller")
 
 Key = tuple[str, str]  # (namespace, name)
 
+# How long our own status write outranks what the watch brings, if its echo never comes.
+EXPECTATION_S = 60.0
+
+
+@dataclass(frozen=True)
+class Expected:
+    """A status write whose echo the watch has not delivered yet. Events from before it
+    (another writer's label change, made first, delivered after our write) still carry the
+    old status; a reconcile on that copy would write the same transition again and post its
+    Event twice. So until the echo arrives, or the expectation expires, the cache keeps the
+    status we wrote (the "expectations" of Kubernetes' own controllers:
+    kubernetes/pkg/controller/controller_utils.go, ControllerExpectations)."""
+
+    resource_version: str
+    status: dict[str, Any]
+    until: float
+
+    def overlay(self, body: dict[str, Any], now: float) -> dict[str, Any] | None:
+        """The body to cache; None once the expectation is met or expired."""
+        if body["metadata"].get("resourceVersion") == self.resource_version or now > self.until:
+            return None
+        return {**body, "status": self.status}
+
 
 def _reconcile_input(body: dict[str, Any]) -> tuple[Any, ...]:
     """What a reconcile reads from a run. The watch's echo of our own status write changes
@@ -71,6 +94,7 @@ class Controller:
         self.actions = RunActions(settings, kube, aws)
         self.phases: dict[Key, str] = {}  # for the runs-by-phase gauge, kept in O(1) per change
         self.polls: dict[Key, tuple[Any, int]] = {}  # last poll's outcome, polls in a row
+        self.expected: dict[Key, Expected] = {}  # status writes not yet echoed by the watch
         self.queue: WorkQueue[Key] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -98,12 +122,20 @@ class Controller:
         if event_type == "DELETED":
             self._track_phase(key, None)
             self.polls.pop(key, None)
+            self.expected.pop(key, None)
             self.runs.pop(key, None)
             self.keys_by_uid.pop(meta["uid"], None)
             self.children.forget(meta["uid"])
             if self.queue:
                 self.queue.forget(key)
             return
+        expected = self.expected.get(key)
+        if expected is not None:
+            overlaid = expected.overlay(body, time.monotonic())
+            if overlaid is None:
+                del self.expected[key]
+            else:
+                body = overlaid
         previous = self.runs.get(key)
         self.runs[key] = body
         self._track_phase(key, (body.get("status") or {}).get("phase") or Phase.PENDING.value)
@@ -310,9 +342,12 @@ class Controller:
         new = decision.status.wire()
         old = self._parse_status(body).wire()
         if new != old:
-            await self.kube.apply_status(meta["namespace"], meta["name"], new, CONDITION_TYPES)
+            key = (meta["namespace"], meta["name"])
+            version = await self.kube.apply_status(key[0], key[1], new, CONDITION_TYPES)
             body["status"] = new  # our cache sees our own write before the watch echoes it
-            self._track_phase((meta["namespace"], meta["name"]), new["phase"])
+            if version is not None:
+                self.expected[key] = Expected(version, new, time.monotonic() + EXPECTATION_S)
+            self._track_phase(key, new["phase"])
         for event in decision.events:
             await self.kube.event(body, event.type, event.reason, event.message)
 

@@ -41,9 +41,13 @@ async def test_status_apply_keeps_other_writers_conditions_and_drops_what_went_a
         cluster: LocalCluster, quiet_namespace: str, kube: Kube) -> None:
     ns = quiet_namespace
     apply(cluster, ns, run_manifest("applied"))
-    await kube.apply_status(ns, "applied", {
+    version = await kube.apply_status(ns, "applied", {
         "phase": "Running", "conditions": [_condition("TrainerReady", "Running")],
         "resources": {"trainerName": "applied-t1", "queues": []}}, CONDITION_TYPES)
+    # The write's own resourceVersion: the controller waits for the watch to echo it.
+    assert version == (get(cluster, ns, "applied") or {})["metadata"]["resourceVersion"]
+    assert await kube.apply_status(ns, "never-was", {"phase": "Running"},
+                                   CONDITION_TYPES) is None
     # Another controller adds a condition of its own, as a well-behaved one does.
     cluster.kubectl("patch", "mtrlrun", "applied", "-n", ns, "--subresource=status",
                     "--type=json", "-p", json.dumps([{
@@ -59,7 +63,8 @@ async def test_status_apply_keeps_other_writers_conditions_and_drops_what_went_a
     assert status["phase"] == "Succeeded"
     assert {c["type"]: c["reason"] for c in status["conditions"]} == {
         "TrainerReady": "TrainerSucceeded", "ExternalCheck": "Audited"}
-    assert "trainerName" not in status["resources"], "a field we no longer send is gone"
+    assert "trainerName" not in status.get("resources", {}), \
+        "a field we no longer send is gone"
 
 
 async def test_a_stale_finalizer_write_is_a_stale_copy_and_a_gone_object_is_none(

@@ -90,6 +90,51 @@ def test_the_echo_of_our_own_status_write_costs_no_reconcile() -> None:
     assert len(queue.added) == 5
 
 
+class _StatusWriter:
+    """Kube's status write as the API server answers it: the write's new resourceVersion."""
+
+    def __init__(self) -> None:
+        self.writes: list[dict[str, Any]] = []
+
+    async def apply_status(self, namespace: str, name: str, status: dict[str, Any],
+                           own: frozenset[str]) -> str:
+        self.writes.append(status)
+        return "3"
+
+
+async def test_an_event_from_before_our_status_write_does_not_undo_it() -> None:
+    writer = _StatusWriter()
+    controller = Controller(Settings(), kube=writer, aws=None)  # type: ignore[arg-type]
+    queue = _RecordingQueue()
+    controller.queue = queue  # type: ignore[assignment]
+    body = {**_body("Provisioning"), "spec": {"a": 1}}
+    body["metadata"]["resourceVersion"] = "1"
+    controller.on_run("ADDED", body)
+    cached = controller.runs[("ns", "run")]
+    await controller._publish(cached, Decision([], MultiTurnRLRunStatus(phase=Phase.RUNNING)))
+    assert len(writer.writes) == 1
+
+    # Another writer relabelled the run (resourceVersion 2) before our write (3); the watch
+    # delivers that change now, with the status from before ours.
+    stale = {**_body("Provisioning"), "spec": {"a": 1}}
+    stale["metadata"] = {**stale["metadata"], "resourceVersion": "2", "labels": {"x": "y"}}
+    controller.on_run("MODIFIED", stale)
+    cached = controller.runs[("ns", "run")]
+    assert cached["status"]["phase"] == "Running" and cached["metadata"]["labels"] == {"x": "y"}
+    assert len(queue.added) == 1, "nothing a reconcile reads changed"
+    assert _gauge("Running") >= 1 and controller.phases[("ns", "run")] == "Running"
+
+    # Our write's echo ends the expectation; from then on the watch has the last word.
+    echo = {**_body("Running"), "spec": {"a": 1}}
+    echo["metadata"]["resourceVersion"] = "3"
+    controller.on_run("MODIFIED", echo)
+    assert ("ns", "run") not in controller.expected
+    later = {**_body("Failed"), "spec": {"a": 1}}
+    later["metadata"]["resourceVersion"] = "4"
+    controller.on_run("MODIFIED", later)
+    assert controller.runs[("ns", "run")]["status"]["phase"] == "Failed"
+
+
 def test_polls_that_find_nothing_changed_back_off_to_the_resync_period() -> None:
     controller = Controller(Settings(resync_seconds=30), kube=None, aws=None)  # type: ignore[arg-type]
     waiting = Decision([Act.ENSURE_WORKERS], MultiTurnRLRunStatus(phase=Phase.PROVISIONING),
