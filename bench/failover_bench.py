@@ -2,8 +2,9 @@
 client-go's timings), the leader's container killed with SIGKILL, again and again.
 
 For each kill: the takeover time (SIGKILL to the standby holding the Lease), the time until a
-run created at the moment of the kill is Running, and how many trainer Jobs and ECS tasks each
-run has (exactly one Job and `maxReplicas` tasks: nothing provisioned twice). The killed
+run created at the moment of the kill is Running, and how many trainer Jobs, ECS tasks, queues
+and task-definition revisions each run has (exactly one Job, `maxReplicas` tasks, one set of
+queues and one revision: nothing provisioned twice). The killed
 container restarts and stands by, so the next kill hits the other replica.
 
     python bench/failover_bench.py --kills 3
@@ -23,8 +24,8 @@ from typing import Any
 
 import boto3
 
-from mtrl_operator.naming import RunNames
-from mtrl_testbed import replicas
+from mtrl_operator.naming import QUEUE_ROLES, RunNames
+from mtrl_testbed import census, replicas
 from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
 from mtrl_testbed.moto import MotoServer
 from mtrl_testbed.ports import wait_until
@@ -60,8 +61,9 @@ def _phase(cluster: LocalCluster, name: str) -> str | None:
     return ((_run(cluster, name) or {}).get("status") or {}).get("phase")
 
 
-def _counts(cluster: LocalCluster, name: str) -> tuple[int, int, int]:
-    """(trainer Jobs, ECS tasks ever started, attempts) of a run."""
+def _counts(cluster: LocalCluster, name: str) -> tuple[int, ...]:
+    """(trainer Jobs, ECS tasks ever started, queues, task-definition revisions, attempts) of a
+    run."""
     run = _run(cluster, name)
     assert run is not None
     uid = run["metadata"]["uid"]
@@ -71,7 +73,9 @@ def _counts(cluster: LocalCluster, name: str) -> tuple[int, int, int]:
     ecs = boto3.client("ecs")
     tasks = sum(len(ecs.list_tasks(cluster="default", startedBy=names.started_by,
                                    desiredStatus=s)["taskArns"]) for s in ("RUNNING", "STOPPED"))
-    return len(jobs), tasks, run["status"]["attempts"]
+    found = census.run_aws(names)
+    return (len(jobs), tasks, len(found.get("queues", [])), len(found.get("task_definitions", [])),
+            run["status"]["attempts"])
 
 
 def _standbys_ready(cluster: LocalCluster) -> bool:
@@ -117,17 +121,17 @@ def main(argv: list[str] | None = None) -> int:
             counts = [_counts(cluster, n) for n in (before, after)]
             rows.append((i + 1, takeover, recovered, counts))
             print(f"kill {i + 1}: takeover {takeover:.1f}s, new run Running after "
-                  f"{recovered:.1f}s, (jobs, tasks, attempts) {counts}", file=sys.stderr)
+                  f"{recovered:.1f}s, (jobs, tasks, queues, revisions, attempts) {counts}", file=sys.stderr)
             wait_until(lambda: _standbys_ready(cluster), 120, "the killed replica standing by")
         cluster.kubectl("delete", "mtrlruns", "--all", "-n", RUNS_NS, "--timeout=180s")
         cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait")
     finally:
         moto.stop()
         cluster.stop()
-    once = all(c == (1, 2, 1) for *_, counts in rows for c in counts)
+    once = all(c == (1, 2, len(QUEUE_ROLES), 1, 1) for *_, counts in rows for c in counts)
     takeovers = [r[1] for r in rows]
     print("| kill | takeover after SIGKILL (s) | run created at the kill Running after (s) | "
-          "(Jobs, ECS tasks, attempts) per run |")
+          "(Jobs, ECS tasks, queues, task-definition revisions, attempts) per run |")
     print("|---:|---:|---:|---|")
     for kill, takeover, recovered, counts in rows:
         print(f"| {kill} | {takeover:.1f} | {recovered:.1f} | "

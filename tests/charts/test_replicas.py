@@ -1,5 +1,6 @@
 """The chart as installed by default: two replicas, one leader. The leader's container is
-killed with SIGKILL; the standby takes over, and no run is provisioned twice.
+killed with SIGKILL; the standby takes over, and no run is provisioned twice: one trainer Job,
+`maxReplicas` ECS tasks started, one set of queues and one task-definition revision per run.
 
 The only value set is `watchNamespaces`, so that this release's operator leaves the other
 tests' runs alone (they share the control plane); everything else is the chart's default.
@@ -17,7 +18,8 @@ from pathlib import Path
 import boto3
 import pytest
 
-from mtrl_testbed import replicas
+from mtrl_operator.naming import QUEUE_ROLES
+from mtrl_testbed import census, replicas
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.moto import MotoServer
 from tests.operator.runs import HANG, apply, get, names_of, run_manifest, wait_for, wait_phase
@@ -38,11 +40,14 @@ def _leader_metric(pod: dict) -> float:
     return float(found[1])
 
 
-def _started_tasks(run: dict) -> int:
+def _aws_counts(run: dict) -> tuple[int, int, int]:
+    """(ECS tasks ever started, queues, task-definition revisions) of a run."""
     names = names_of(run, operator_id="default")
     ecs = boto3.client("ecs")
-    return sum(len(ecs.list_tasks(cluster="default", startedBy=names.started_by,
-                                  desiredStatus=s)["taskArns"]) for s in ("RUNNING", "STOPPED"))
+    started = sum(len(ecs.list_tasks(cluster="default", startedBy=names.started_by,
+                                     desiredStatus=s)["taskArns"]) for s in ("RUNNING", "STOPPED"))
+    found = census.run_aws(names)
+    return started, len(found.get("queues", [])), len(found.get("task_definitions", []))
 
 
 def _jobs(cluster: LocalCluster, run: dict) -> int:
@@ -93,8 +98,8 @@ def test_default_install_fails_over_to_the_standby_without_double_provisioning(
         for name in ("before", "after"):
             run = get(cluster, runs_ns, name)
             assert run is not None
-            assert (run["status"]["attempts"], _jobs(cluster, run), _started_tasks(run)) == (
-                1, 1, 2), name
+            assert (run["status"]["attempts"], _jobs(cluster, run), *_aws_counts(run)) == (
+                1, 1, 2, len(QUEUE_ROLES), 1), name
         # The killed container is restarted by its kubelet (here the node agent) and stands by.
         wait_for(lambda: all(replicas.ready(p) for p in replicas.pods(
             cluster, release_ns, SELECTOR)) and replicas.holder_pod(
