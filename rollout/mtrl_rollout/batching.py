@@ -16,7 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-from mtrl_rollout.sqs import MAX_BATCH, SQS_MAX_BYTES, BatchFailure, Outgoing, Sqs
+from mtrl_rollout.sqs import MAX_BATCH, SQS_MAX_BYTES, BatchFailure, Outgoing, Sqs, is_stale_receipt
 
 log = logging.getLogger(__name__)
 
@@ -129,26 +129,44 @@ class Outbox:
             )
         await self._sends[queue_url].submit(message)
 
-    async def delete(self, queue_url: str, receipt_handle: str) -> None:
+    async def delete(self, queue_url: str, receipt_handle: str) -> bool:
+        """Delete a received message; False if the receipt was stale (see `_unless_stale`)."""
         if queue_url not in self._deletes:
             self._deletes[queue_url] = MicroBatcher(
                 functools.partial(self.sqs.delete_batch, queue_url),
                 linger_s=self._linger_s,
                 max_in_flight=self._max_in_flight,
             )
-        await self._deletes[queue_url].submit(receipt_handle)
+        return await _unless_stale(self._deletes[queue_url].submit(receipt_handle), "delete", queue_url)
 
-    async def release(self, queue_url: str, receipt_handle: str) -> None:
-        """Make a received message visible again at once, for another consumer to take."""
+    async def release(self, queue_url: str, receipt_handle: str) -> bool:
+        """Make a received message visible again at once, for another consumer to take; False if
+        the receipt was stale."""
         if queue_url not in self._releases:
             self._releases[queue_url] = MicroBatcher(
                 functools.partial(self.sqs.change_visibility_batch, queue_url, timeout_s=0),
                 linger_s=self._linger_s,
                 max_in_flight=self._max_in_flight,
             )
-        await self._releases[queue_url].submit(receipt_handle)
+        return await _unless_stale(self._releases[queue_url].submit(receipt_handle), "release",
+                                   queue_url)
 
     async def aclose(self) -> None:
         for table in (self._sends, self._deletes, self._releases):
             for batcher in table.values():
                 await batcher.aclose()
+
+
+async def _unless_stale(done: Awaitable[None], action: str, queue_url: str) -> bool:
+    """Await a delete or release; a stale receipt is not an error. The message's visibility
+    lapsed and SQS handed it out again, to another worker or to this one under a new receipt;
+    the new holder finishes it, and results are deduplicated by sample id."""
+    try:
+        await done
+    except BatchItemError as exc:
+        if not is_stale_receipt(exc.failure.code):
+            raise
+        log.info("did not %s a message on %s: its receipt is stale (%s); another receive "
+                 "holds it", action, queue_url, exc.failure.code)
+        return False
+    return True

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from mtrl_rollout.sqs import SQS_MAX_BYTES, Outgoing, Received, Sqs
+from botocore.exceptions import ClientError
+
+from mtrl_rollout.sqs import SQS_MAX_BYTES, Outgoing, Received, Sqs, is_stale_receipt
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +33,18 @@ async def dead_letter(sqs: Sqs, dlq_url: str, message: Received, reason: str) ->
         body = body.encode()[: len(body.encode()) - overflow].decode(errors="ignore")
         attributes["mtrl-truncated"] = "true"
     await sqs.send(dlq_url, Outgoing(body or "<empty>", attributes))
-    await sqs.call(
-        sqs.client.delete_message, QueueUrl=message.queue_url, ReceiptHandle=message.receipt_handle
-    )
+    try:
+        await sqs.call(
+            sqs.client.delete_message, QueueUrl=message.queue_url, ReceiptHandle=message.receipt_handle
+        )
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if not is_stale_receipt(code):
+            raise
+        # Another receive holds it now and will dead-letter it too: a second copy in the
+        # dead-letter queue, nothing lost.
+        log.info("message %s was dead-lettered but not deleted: its receipt is stale (%s)",
+                 message.message_id, code)
     log.warning(
         "moved message %s from %s to the dead-letter queue: %s",
         message.message_id,

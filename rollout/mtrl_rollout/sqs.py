@@ -48,6 +48,17 @@ class Outgoing:
         return len(self.body.encode()) + sum(len(k) + len(v.encode()) for k, v in attrs.items())
 
 
+# Error codes that mean a receipt handle no longer names this consumer's hold on the message:
+# its visibility lapsed and SQS redelivered it (to another worker, or to us under a new
+# receipt), or it was deleted already. The query protocol prefixes some codes with
+# "AWS.SimpleQueueService.".
+STALE_RECEIPT_CODES = frozenset({"ReceiptHandleIsInvalid", "MessageNotInflight"})
+
+
+def is_stale_receipt(code: str) -> bool:
+    return code.rsplit(".", 1)[-1] in STALE_RECEIPT_CODES
+
+
 @dataclass(frozen=True)
 class BatchFailure:
     index: int

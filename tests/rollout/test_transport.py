@@ -1,6 +1,7 @@
 """SQS transport against the moto server: batching, heartbeat, dead-lettering, dedupe."""
 
 import asyncio
+import dataclasses
 import json
 import logging
 
@@ -110,6 +111,44 @@ async def test_malformed_message_is_dead_lettered_at_once(aws_env, queues, caplo
     assert dead.attributes["mtrl-source-queue"] == queues.rollout_url
     await asyncio.sleep(2.2)
     assert await sqs.receive(queues.rollout_url, wait_s=0) == []
+    sqs.close()
+
+
+async def _redelivered(sqs: Sqs, queue_url: str) -> tuple[str, str]:
+    """Receive a message, let its visibility lapse, receive it again: (stale, new) receipts."""
+    await sqs.send(queue_url, Outgoing("episode"))
+    [first] = await sqs.receive(queue_url, wait_s=1, visibility_timeout_s=1)
+    again: list = []
+    while not again:  # the long poll returns as soon as the lapsed message is visible again
+        again = await sqs.receive(queue_url, wait_s=2, visibility_timeout_s=30)
+    return first.receipt_handle, again[0].receipt_handle
+
+
+async def test_a_stale_receipt_is_another_consumers_message_not_an_error(
+        aws_env, queues, caplog) -> None:
+    sqs = Sqs(pool_size=4)
+    outbox = Outbox(sqs)
+    stale, held = await _redelivered(sqs, queues.rollout_url)
+    assert await outbox.delete(queues.rollout_url, held) is True  # the new holder finished it
+    # The first holder, shutting down, hands its message back: SQS refuses the stale receipt.
+    with caplog.at_level(logging.INFO, logger="mtrl_rollout.batching"):
+        assert await outbox.release(queues.rollout_url, stale) is False
+    assert "its receipt is stale (ReceiptHandleIsInvalid)" in caplog.text
+    assert await sqs.receive(queues.rollout_url, wait_s=0) == []
+    await outbox.aclose()
+    sqs.close()
+
+
+async def test_dead_lettering_survives_an_invalid_receipt(aws_env, queues, caplog) -> None:
+    sqs = Sqs(pool_size=4)
+    await sqs.send(queues.rollout_url, Outgoing("{not json"))
+    [message] = await sqs.receive(queues.rollout_url, wait_s=1)
+    lost = dataclasses.replace(message, receipt_handle="not-a-receipt")
+    with caplog.at_level(logging.INFO, logger="mtrl_rollout.deadletter"):
+        await dead_letter(sqs, queues.dlq_url, lost, "malformed: not JSON")
+    assert "dead-lettered but not deleted: its receipt is stale" in caplog.text
+    [dead] = await sqs.receive(queues.dlq_url, wait_s=1)
+    assert dead.body == "{not json"
     sqs.close()
 
 
