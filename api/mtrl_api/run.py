@@ -17,9 +17,69 @@ from mtrl_api.base import ApiModel, list_map, list_set, rule, rules
 # Bounds on strings and lists keep the API server's CEL cost estimates finite.
 Name = Annotated[str, Field(min_length=1, max_length=253)]
 ShortText = Annotated[str, Field(max_length=1024)]
-Image = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^[^\s]+$")]
-S3Uri = Annotated[str, Field(max_length=1024, pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")]
-Quantity = Annotated[str, Field(max_length=64, pattern=r"^[0-9]+(\.[0-9]+)?([EPTGMK]i?|[mkMGTPE]|e[0-9]+)?$")]
+# An image reference as the container runtime parses it (distribution/reference's grammar:
+# [registry[:port]/]path[:tag][@digest]); anything else fails only when a node pulls it.
+Image = Annotated[str, Field(min_length=1, max_length=512, pattern=(
+    r"^(([a-zA-Z0-9-]+\.)*[a-zA-Z0-9-]+(:[0-9]+)?/)?"
+    r"[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"))]
+# S3 bucket naming rules (docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html):
+# dot-separated labels of lowercase letters, digits and hyphens, 3-63 characters, not shaped like
+# an IP address, no reserved prefix or suffix. The pattern checks the labels, CEL the rest.
+_BUCKET = r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*"
+_BUCKET_RULES = (
+    rule("self.matches('^s3://[^/]{3,63}(/.*)?$')", "the bucket name must be 3-63 characters"),
+    rule("!self.matches('^s3://[0-9]+[.][0-9]+[.][0-9]+[.][0-9]+(/.*)?$')",
+         "the bucket name must not be shaped like an IP address"),
+    rule("!self.matches('^s3://(xn--|sthree-|amzn-s3-demo-)') && "
+         "!self.matches('^s3://[^/]*(-s3alias|--ol-s3|[.]mrap|--x-s3)(/.*)?$')",
+         "the bucket name uses a prefix or suffix S3 reserves"),
+)
+S3Uri = Annotated[str, Field(max_length=1024, pattern=rf"^s3://{_BUCKET}(/.*)?$",
+                             json_schema_extra=rules(*_BUCKET_RULES))]
+"""An s3:// bucket, or a prefix in it."""
+S3ObjectUri = Annotated[str, Field(max_length=1024, pattern=rf"^s3://{_BUCKET}/[^/].*$",
+                                   json_schema_extra=rules(*_BUCKET_RULES))]
+"""An s3:// URI naming an object: a bucket and a key."""
+# Kubernetes' quantity grammar (k8s.io/apimachinery/pkg/api/resource): binary suffixes Ki-Ei,
+# decimal m, k, M-E, or an exponent. A bare "K" is not one of them: the API server refuses the
+# Job made from it, so the schema refuses the run.
+Quantity = Annotated[str, Field(max_length=64, pattern=(
+    r"^[+]?([0-9]+([.][0-9]*)?|[.][0-9]+)([KMGTPE]i|[mkMGTPE]|[eE][+-]?[0-9]+)?$"))]
+RoleArn = Annotated[str, Field(max_length=2048, pattern=(
+    r"^arn:aws[a-z-]*:iam::[0-9]{12}:role/[A-Za-z0-9+=,.@_/-]{1,512}$"))]
+"""An IAM role's ARN, arn:aws:iam::<account>:role/<name>."""
+SubnetId = Annotated[str, Field(max_length=64, pattern=r"^subnet-([0-9a-f]{8}|[0-9a-f]{17})$")]
+SecurityGroupId = Annotated[str, Field(max_length=64, pattern=r"^sg-([0-9a-f]{8}|[0-9a-f]{17})$")]
+# Fargate's valid memory (MiB) for each task cpu size
+# (docs.aws.amazon.com/AmazonECS/latest/developerguide/fargate-tasks-services.html#fargate-tasks-size).
+FARGATE_MEMORY_MIB: dict[int, tuple[int, ...]] = {
+    256: (512, 1024, 2048),
+    512: tuple(range(1024, 4096 + 1, 1024)),
+    1024: tuple(range(2048, 8192 + 1, 1024)),
+    2048: tuple(range(4096, 16384 + 1, 1024)),
+    4096: tuple(range(8192, 30720 + 1, 1024)),
+    8192: tuple(range(16384, 61440 + 1, 4096)),
+    16384: tuple(range(32768, 122880 + 1, 8192)),
+}
+
+
+def fargate_memory_text(cpu: int) -> str:
+    """The memory sizes Fargate takes with `cpu`, in words."""
+    sizes = FARGATE_MEMORY_MIB[cpu]
+    if len(sizes) <= 4:
+        return f"one of {', '.join(map(str, sizes))} MiB"
+    return f"{sizes[0]} to {sizes[-1]} MiB in steps of {sizes[1] - sizes[0]}"
+
+
+def _fargate_memory_rules() -> list[dict[str, Any]]:
+    return [rule(f"self.backend != 'ecs-fargate' || self.cpu != {cpu} || "
+                 f"self.memory in {list(sizes)}",
+                 f"for ecs-fargate with cpu {cpu}, memory must be {fargate_memory_text(cpu)}",
+                 field_path=".memory")
+            for cpu, sizes in FARGATE_MEMORY_MIB.items()]
+
+
 # Label keys are qualified names (CEL: structural schemas cannot constrain map keys); values are
 # label values. Checked here so that the server refuses them, not the Pods made from them.
 _LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
@@ -260,17 +320,18 @@ class RolloutSpec(ApiModel):
 class EcsSpec(ApiModel):
     cluster: Annotated[str, Field(max_length=255)] | None = None
     """ECS cluster name or ARN. Default: the operator's configured cluster."""
-    subnets: Annotated[list[Annotated[str, Field(max_length=64)]], Field(
+    subnets: Annotated[list[SubnetId], Field(
         max_length=16, json_schema_extra=list_set())] = Field(default_factory=list)
-    """awsvpc subnets for the tasks. Default: the operator's configured subnets."""
-    security_groups: Annotated[list[Annotated[str, Field(max_length=64)]], Field(
+    """awsvpc subnet ids (subnet-...) for the tasks. Default: the operator's configured
+    subnets."""
+    security_groups: Annotated[list[SecurityGroupId], Field(
         max_length=5, json_schema_extra=list_set())] = Field(default_factory=list)
-    """awsvpc security groups. Default: the operator's configured groups."""
+    """awsvpc security group ids (sg-...). Default: the operator's configured groups."""
     assign_public_ip: bool = False
     """Give tasks a public IP (only for public subnets without a NAT gateway)."""
-    task_role_arn: Annotated[str, Field(max_length=2048, pattern=r"^arn:aws[a-z-]*:iam::")] | None = None
+    task_role_arn: RoleArn | None = None
     """IAM role the worker containers assume (SQS and S3 access)."""
-    execution_role_arn: Annotated[str, Field(max_length=2048, pattern=r"^arn:aws[a-z-]*:iam::")] | None = None
+    execution_role_arn: RoleArn | None = None
     """IAM role ECS uses to pull the image and write logs."""
     platform_version: Annotated[str, Field(max_length=16)] = "LATEST"
     """Fargate platform version. Default LATEST."""
@@ -288,10 +349,10 @@ class WorkersSpec(ApiModel):
     model_config = ApiModel.model_config | {"json_schema_extra": rules(
         rule("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas",
              field_path=".minReplicas"),
-        rule("self.backend != 'ecs-fargate' || [256, 512, 1024, 2048, 4096, 8192, 16384]"
-             ".exists(c, c == self.cpu)",
-             "for ecs-fargate, cpu must be one of 256, 512, 1024, 2048, 4096, 8192, 16384",
+        rule(f"self.backend != 'ecs-fargate' || {list(FARGATE_MEMORY_MIB)}.exists(c, c == self.cpu)",
+             f"for ecs-fargate, cpu must be one of {', '.join(map(str, FARGATE_MEMORY_MIB))}",
              field_path=".cpu"),
+        *_fargate_memory_rules(),
     )}
 
     backend: WorkerBackend = WorkerBackend.ECS_FARGATE
@@ -348,9 +409,9 @@ class RewardSpec(ApiModel):
 
 
 class S3Dataset(ApiModel):
-    train_uri: S3Uri
+    train_uri: S3ObjectUri
     """s3:// URI of the training tasks (JSON Lines, one task per line)."""
-    validation_uri: S3Uri | None = None
+    validation_uri: S3ObjectUri | None = None
     """s3:// URI of held-out tasks for periodic evaluation."""
 
 

@@ -21,7 +21,7 @@ from mtrl_api.run import (
     Condition,
     LabelMap,
     MultiTurnRLRunSpec,
-    S3Uri,
+    S3ObjectUri,
 )
 
 BucketName = Annotated[str, Field(min_length=3, max_length=63,
@@ -88,7 +88,7 @@ class QueueSpec(ApiModel):
 
 
 class TemplateS3Dataset(ApiModel):
-    validation_uri: S3Uri | None = None
+    validation_uri: S3ObjectUri | None = None
     """s3:// URI of held-out tasks, the same for every run. trainUri is the uploaded object."""
 
 

@@ -81,6 +81,61 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("env-replaces-operator-var", {"workers": {"env": [{"name": "MTRL_ROLLOUT_QUEUE_URL",
                                                         "value": "https://elsewhere"}]}},
      "spec.workers.env[0].name"),
+    ("fargate-memory-not-for-cpu", {"workers": {"backend": "ecs-fargate", "cpu": 256,
+                                                "memory": 4096}}, "spec.workers.memory"),
+    ("fargate-memory-between-sizes", {"workers": {"backend": "ecs-fargate", "cpu": 256,
+                                                  "memory": 1536}}, "spec.workers.memory"),
+    # values Kubernetes or AWS would refuse only later, when the operator uses them
+    ("quantity-bare-K", {"trainer": {"resources": {"requests": {"memory": "4K"}}}},
+     "spec.trainer.resources.requests.memory"),
+    ("quantity-bytes-unit", {"trainer": {"shmSize": "64GB"}}, "spec.trainer.shmSize"),
+    ("dataset-uri-without-key", {"dataset": {"inline": DELETE,
+                                             "s3": {"trainUri": "s3://data-bucket"}}},
+     "spec.dataset.s3.trainUri"),
+    ("dataset-uri-bucket-slash", {"dataset": {"inline": DELETE,
+                                              "s3": {"trainUri": "s3://data-bucket/"}}},
+     "spec.dataset.s3.trainUri"),
+    ("bucket-double-dot", {"output": {"s3Uri": "s3://my..bucket/runs"}}, "spec.output.s3Uri"),
+    ("bucket-dot-dash", {"output": {"s3Uri": "s3://my.-bucket/runs"}}, "spec.output.s3Uri"),
+    ("bucket-ip-shaped", {"output": {"s3Uri": "s3://192.168.5.4/runs"}}, "spec.output.s3Uri"),
+    ("bucket-too-long", {"output": {"s3Uri": f"s3://{'b' * 64}/runs"}}, "spec.output.s3Uri"),
+    ("bucket-reserved-suffix", {"output": {"s3Uri": "s3://outputs-s3alias/runs"}},
+     "spec.output.s3Uri"),
+    ("bucket-reserved-prefix", {"output": {"s3Uri": "s3://xn--outputs/runs"}},
+     "spec.output.s3Uri"),
+    ("role-arn-of-a-user", {"workers": {"ecs": {"taskRoleArn":
+                                                "arn:aws:iam::123456789012:user/alice"}}},
+     "spec.workers.ecs.taskRoleArn"),
+    ("role-arn-without-account", {"workers": {"ecs": {"executionRoleArn":
+                                                      "arn:aws:iam:::role/ecs-exec"}}},
+     "spec.workers.ecs.executionRoleArn"),
+    ("subnet-by-name", {"workers": {"ecs": {"subnets": ["private-a"]}}},
+     "spec.workers.ecs.subnets[0]"),
+    ("security-group-by-name", {"workers": {"ecs": {"securityGroups": ["default"]}}},
+     "spec.workers.ecs.securityGroups[0]"),
+    ("image-two-tags", {"trainer": {"image": "ghcr.io/mtrl/trainer:v1:v2"}}, "spec.trainer.image"),
+    ("image-uppercase-path", {"workers": {"image": "ghcr.io/MyOrg/worker:1"}},
+     "spec.workers.image"),
+    ("image-short-digest", {"trainer": {"image": "ghcr.io/mtrl/trainer@sha256:abc"}},
+     "spec.trainer.image"),
+]
+
+# Well-formed values of the same fields: the rules above must not refuse them.
+VALID: list[tuple[str, dict[str, Any]]] = [
+    ("quantities", {"trainer": {"shmSize": "1.5Gi", "resources": {
+        "requests": {"cpu": "500m", "memory": "512M", "ephemeral-storage": "1e9"},
+        "limits": {"cpu": "2", "memory": "0.5Ki"}}}}),
+    ("fargate-sizes", {"workers": {"backend": "ecs-fargate", "cpu": 512, "memory": 3072, "ecs": {
+        "subnets": ["subnet-0a1b2c3d", "subnet-0a1b2c3d4e5f60718"],
+        "securityGroups": ["sg-0123456789abcdef0"],
+        "taskRoleArn": "arn:aws:iam::123456789012:role/service/mtrl-worker",
+        "executionRoleArn": "arn:aws-cn:iam::123456789012:role/ecs-exec"}}}),
+    ("images", {"trainer": {"image": "localhost:5000/mtrl/trainer_x__y-z:v1.2-rc.1"},
+                "workers": {"image": "123456789012.dkr.ecr.us-west-2.amazonaws.com/mtrl-worker@"
+                                     f"sha256:{'a' * 64}"}}),
+    ("s3", {"output": {"s3Uri": "s3://my.outputs-1"},
+            "dataset": {"inline": DELETE, "s3": {"trainUri": "s3://abc/tasks/train.jsonl",
+                                                 "validationUri": "s3://abc/v.jsonl"}}}),
 ]
 
 
@@ -94,6 +149,17 @@ def test_invalid_run_is_refused_naming_the_field(cluster: LocalCluster, namespac
                           input=json.dumps(run), check=False)
     assert out.returncode != 0, f"{case} was accepted"
     assert field in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(("case", "patch"), VALID, ids=[c[0] for c in VALID])
+def test_well_formed_values_are_accepted(cluster: LocalCluster, namespace: str, case: str,
+                                         patch: dict) -> None:
+    run = copy.deepcopy(BASE)
+    run["metadata"]["name"] = case
+    _merge(run["spec"], patch)
+    out = cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-",
+                          input=json.dumps(run), check=False)
+    assert out.returncode == 0, out.stderr
 
 
 def test_corpus_is_large_enough() -> None:

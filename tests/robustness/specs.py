@@ -46,6 +46,20 @@ def no_space(text: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
     return text.map(lambda s: "".join(s.split())).filter(bool)
 
 
+def images() -> st.SearchStrategy[str]:
+    """Odd but well-formed image references (registry, path components with every separator,
+    tag, digest): the schema takes them, and the node agent ignores images."""
+    component = st.from_regex(r"[a-z0-9]{1,8}((__|[._]|-{1,3})[a-z0-9]{1,8}){0,2}",
+                              fullmatch=True)
+    registry = st.sampled_from(["", "localhost:5000/", "ghcr.io/",
+                                "123456789012.dkr.ecr.us-west-2.amazonaws.com/"])
+    tag = st.one_of(st.just(""), st.from_regex(r":[A-Za-z0-9_][A-Za-z0-9_.-]{0,20}",
+                                               fullmatch=True))
+    digest = st.sampled_from(["", f"@sha256:{'0' * 64}"])
+    return st.builds(lambda r, path, t, d: r + "/".join(path) + t + d,
+                     registry, st.lists(component, min_size=1, max_size=3), tag, digest)
+
+
 def bad_int(low: int, high: int) -> st.SearchStrategy[Any]:
     """Not an integer within [low, high]: out of range, huge, a fraction, a string, null."""
     return st.one_of(st.integers(max_value=low - 1), st.integers(min_value=high + 1),
@@ -117,12 +131,14 @@ def trainers(broken: bool) -> st.SearchStrategy[dict[str, Any]]:
             st.fixed_dictionaries({**base, "gpusPerNode": bad_int(0, 16)}),
             st.fixed_dictionaries({**base, "nodes": bad_int(1, 256)}),
             st.fixed_dictionaries({**base, "image": st.one_of(
-                st.just(""), st.just("has space"), st.just("x" * 513))}),
+                st.just(""), st.just("has space"), st.just("x" * 513),
+                st.just("ghcr.io/Org/trainer"), st.just("trainer:v1:v2"),
+                no_space(hostile_text(1, 512)))}),
             st.fixed_dictionaries({**base, "env": env_vars(True)}),
             st.fixed_dictionaries({**base, "command": st.lists(st.just("x" * 4097),
                                                                 min_size=1, max_size=1)}))
     return st.fixed_dictionaries(base, optional={
-        "image": no_space(hostile_text(1, 512)), "env": env_vars(False)})
+        "image": images(), "env": env_vars(False)})
 
 
 def grpos(broken: bool) -> st.SearchStrategy[dict[str, Any]]:
@@ -162,14 +178,14 @@ def workers(broken: bool) -> st.SearchStrategy[dict[str, Any]]:
         {"backend": st.just("kubernetes"), "cpu": st.integers(128, 2048),
          "memory": st.integers(512, 4096), "minReplicas": st.just(0),
          "maxReplicas": st.integers(1, 2)},
-        optional={"image": no_space(hostile_text(1, 512)), "env": env_vars(False)})
-    # Fargate sizes; memory out of the cpu's range is accepted by the schema and must fail
-    # the run with InvalidFargateSize.
+        optional={"image": images(), "env": env_vars(False)})
+    # Fargate sizes; a memory size the cpu does not take is refused by the schema, naming
+    # spec.workers.memory.
     ecs = st.fixed_dictionaries(
         {"backend": st.just("ecs-fargate"), "cpu": st.sampled_from([256, 512]),
          "memory": st.sampled_from([512, 1024, 2048, 8192]), "minReplicas": st.integers(0, 1),
          "maxReplicas": st.integers(1, 3)},
-        optional={"image": no_space(hostile_text(1, 512)), "env": env_vars(False)})
+        optional={"image": images(), "env": env_vars(False)})
     if not broken:
         return st.one_of(kube, ecs)
     return st.one_of(

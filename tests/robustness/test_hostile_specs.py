@@ -204,7 +204,7 @@ def test_a_child_object_kubernetes_refuses_fails_the_run(
 
 # ECS references the schema cannot check: the run names a cluster or subnet that does not exist.
 MISSING_ECS = {"no-cluster": {"cluster": "does-not-exist"},
-               "no-subnet": {"subnets": ["subnet-does-not-exist"]}}
+               "no-subnet": {"subnets": ["subnet-0000000000000dead"]}}
 MISSING_WAIT_S = 90  # a bound on waits that end as soon as the runs have moved on
 
 

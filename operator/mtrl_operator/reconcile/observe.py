@@ -11,16 +11,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from mtrl_api import PROGRESS_KEY
-from mtrl_api.run import MultiTurnRLRunSpec, Progress, WorkerBackend, WorkersSpec
+from mtrl_api.run import (
+    FARGATE_MEMORY_MIB,
+    MultiTurnRLRunSpec,
+    Progress,
+    WorkerBackend,
+    WorkersSpec,
+    fargate_memory_text,
+)
 from mtrl_operator.reconcile.run import TrainerObserved, TrainerState
 from mtrl_operator.settings import Settings
-
-# Fargate's valid memory (MiB) for each cpu size.
-FARGATE_MEMORY = {
-    256: (512, 2048), 512: (1024, 4096), 1024: (2048, 8192), 2048: (4096, 16384),
-    4096: (8192, 30720), 8192: (16384, 61440), 16384: (32768, 122880),
-}
-
 
 # What the newest condition of a PyTorchJob or HyperPodPyTorchJob means. Kubeflow's types are
 # in pkg/apis/kubeflow.org/v1/common_types.go; HyperPod's terminal ones are the recipes
@@ -180,8 +180,11 @@ def spec_problem(spec: MultiTurnRLRunSpec, settings: Settings) -> tuple[str, str
         if not (workers.ecs.security_groups or settings.ecs_security_groups):
             return ("NoSecurityGroups", "backend ecs-fargate needs security groups: set "
                     "spec.workers.ecs.securityGroups or the operator's MTRL_ECS_SECURITY_GROUPS")
-        low, high = FARGATE_MEMORY[workers.cpu]
-        if not low <= workers.memory <= high:
-            return ("InvalidFargateSize", f"Fargate cpu {workers.cpu} takes memory between "
-                    f"{low} and {high} MiB, not {workers.memory}")
+        # The schema refuses these; a run stored before its rules existed still fails here.
+        if workers.cpu not in FARGATE_MEMORY_MIB:
+            return ("InvalidFargateSize", f"Fargate takes cpu {', '.join(map(str, FARGATE_MEMORY_MIB))},"
+                    f" not {workers.cpu}")
+        if workers.memory not in FARGATE_MEMORY_MIB[workers.cpu]:
+            return ("InvalidFargateSize", f"Fargate cpu {workers.cpu} takes memory "
+                    f"{fargate_memory_text(workers.cpu)}, not {workers.memory}")
     return None

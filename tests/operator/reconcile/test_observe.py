@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mtrl_api.run import MultiTurnRLRunSpec
+from mtrl_api.run import MultiTurnRLRunSpec, WorkerBackend
 from mtrl_operator.reconcile.observe import (
     newest_true_condition,
     reward_components,
@@ -113,3 +113,21 @@ def test_unknown_environment_arguments_fail_the_run_listing_the_accepted_ones() 
         "arguments of environment 'coding' (it takes: test_timeout_s, memory_mb)")
     bad.rollout.environment_args = {"memory_mb": "512"}
     assert spec_problem(bad, Settings()) is None
+
+
+@pytest.mark.parametrize(("cpu", "memory", "problem"), [
+    (256, 2048, None),
+    (8192, 20480, None),
+    (256, 1536, "Fargate cpu 256 takes memory one of 512, 1024, 2048 MiB, not 1536"),
+    (8192, 18432, "Fargate cpu 8192 takes memory 16384 to 61440 MiB in steps of 4096, not 18432"),
+    (300, 1024, "Fargate takes cpu 256, 512, 1024, 2048, 4096, 8192, 16384, not 300"),
+])
+def test_a_fargate_size_stored_before_the_schema_rule_fails_the_run(
+        cpu: int, memory: int, problem: str | None) -> None:
+    """The schema refuses these pairs; a run stored before its rules existed fails here."""
+    run = spec("wordle", "solved")
+    run.workers.backend = WorkerBackend.ECS_FARGATE
+    run.workers.cpu, run.workers.memory = cpu, memory
+    settings = Settings(ecs_subnets=["subnet-0a1b2c3d"], ecs_security_groups=["sg-0a1b2c3d"])
+    found = spec_problem(run, settings)
+    assert found == (None if problem is None else ("InvalidFargateSize", problem))
