@@ -55,13 +55,13 @@ def _read_jsonl(uri: str) -> list[Task]:
 
 
 def _generated(environment: str, train_size: int, validation_size: int) -> Tasks:
-    """Environments that can make their own tasks expose `generate_tasks(count, split)`."""
+    """Tasks the environment makes itself (`Environment.generate_tasks`)."""
     from mtrl_worker.environments.registry import environment_class
 
     cls = environment_class(environment)
-    make = getattr(cls, "generate_tasks", None)
-    if make is None:
+    train = cls.generate_tasks(train_size, "train")
+    if train is None:
         raise ValueError(
             f"environment {environment!r} cannot generate tasks; use dataset.inline or dataset.s3"
         )
-    return Tasks(list(make(train_size, "train")), list(make(validation_size, "validation")))
+    return Tasks(train, cls.generate_tasks(validation_size, "validation") or [])

@@ -132,6 +132,20 @@ def environment_parameters(environment: str) -> tuple[str, ...] | None:
 
 
 @functools.cache
+def generates_tasks(environment: str) -> bool | None:
+    """Whether a known environment makes its own tasks (spec.dataset.generated), or None for
+    one the operator does not know."""
+    try:
+        from mtrl_worker.environments.registry import UnknownEnvironment, environment_class
+    except ImportError:
+        return None
+    try:
+        return environment_class(environment).generate_tasks(1, "train") is not None
+    except (UnknownEnvironment, ImportError):
+        return None
+
+
+@functools.cache
 def reward_components(environment: str) -> tuple[str, ...] | None:
     """The reward components an environment this distribution ships declares (its
     `components`, which the workers' `resolve_weights` checks spec.reward against), or None
@@ -173,6 +187,10 @@ def spec_problem(spec: MultiTurnRLRunSpec, settings: Settings) -> tuple[str, str
                 f"spec.reward.components {', '.join(map(repr, unknown))} are not reward "
                 f"components of environment {spec.rollout.environment!r} (it has: "
                 f"{', '.join(known)})")
+    if spec.dataset.generated is not None and generates_tasks(spec.rollout.environment) is False:
+        return ("DatasetNotGenerated",
+                f"spec.dataset.generated: environment {spec.rollout.environment!r} cannot "
+                "generate its own tasks; use spec.dataset.inline or spec.dataset.s3")
     if workers.backend == WorkerBackend.ECS_FARGATE:
         if not (workers.ecs.subnets or settings.ecs_subnets):
             return ("NoSubnets", "backend ecs-fargate needs subnets: set "

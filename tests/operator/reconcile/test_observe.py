@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mtrl_api.run import MultiTurnRLRunSpec, WorkerBackend
+from mtrl_api.run import GeneratedDataset, MultiTurnRLRunSpec, WorkerBackend
 from mtrl_operator.reconcile.observe import (
     newest_true_condition,
     reward_components,
@@ -82,7 +82,8 @@ def spec(environment: str, *components: str, image: str | None = None) -> MultiT
         workers["image"] = image
     return MultiTurnRLRunSpec.model_validate({
         "model": {"name": "m"}, "rollout": {"environment": environment},
-        "dataset": {"generated": {}}, "output": {"s3Uri": "s3://bucket/out"},
+        "dataset": {"inline": {"train": [{"secret": "crane"}]}},
+        "output": {"s3Uri": "s3://bucket/out"},
         "workers": workers, "reward": {"components": [{"name": c} for c in components]}})
 
 
@@ -131,3 +132,18 @@ def test_a_fargate_size_stored_before_the_schema_rule_fails_the_run(
     settings = Settings(ecs_subnets=["subnet-0a1b2c3d"], ecs_security_groups=["sg-0a1b2c3d"])
     found = spec_problem(run, settings)
     assert found == (None if problem is None else ("InvalidFargateSize", problem))
+
+
+@pytest.mark.parametrize(("environment", "problem"), [
+    ("wordle", None),
+    ("coding", ("DatasetNotGenerated", "spec.dataset.generated: environment 'coding' cannot "
+                "generate its own tasks; use spec.dataset.inline or spec.dataset.s3")),
+    ("target", ("DatasetNotGenerated", "spec.dataset.generated: environment 'target' cannot "
+                "generate its own tasks; use spec.dataset.inline or spec.dataset.s3")),
+])
+def test_a_generated_dataset_needs_an_environment_that_makes_tasks(
+        environment: str, problem: tuple[str, str] | None) -> None:
+    run = spec(environment)
+    run.dataset.inline = None
+    run.dataset.generated = GeneratedDataset()
+    assert spec_problem(run, Settings()) == problem

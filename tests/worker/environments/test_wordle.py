@@ -190,3 +190,17 @@ def test_reward_respects_outcome_order_for_any_two_episodes(data: st.DataObject,
     won = [r for r, g in ((a_reward, a), (b_reward, b)) if g.solved]
     lost = [r for r, g in ((a_reward, a), (b_reward, b)) if not g.solved]
     assert all(w > lo for w in won for lo in lost)  # shaping never pays a loss more than a win
+
+
+def test_generated_secrets_are_words_fixed_and_never_shared_between_splits() -> None:
+    train = WordleEnvironment.generate_tasks(2800, "train")
+    validation = WordleEnvironment.generate_tasks(300, "validation")
+    assert len(train) == 2800 and len(validation) == 300
+    train_secrets = {t["secret"] for t in train}
+    validation_secrets = {t["secret"] for t in validation}
+    assert train_secrets.isdisjoint(validation_secrets)
+    assert len(train_secrets) == 2700 and len(validation_secrets) == 300  # pools repeat beyond
+    assert train_secrets | validation_secrets == set(word_list())
+    assert WordleEnvironment.generate_tasks(5, "train") == train[:5]  # the same on every call
+    for task in train[:50] + validation[:50]:
+        WordleGame(task["secret"])  # a secret the game accepts

@@ -71,6 +71,13 @@ class Environment(ABC):
     @abstractmethod
     def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> Episode: ...
 
+    @classmethod
+    def generate_tasks(cls, count: int, split: str) -> list[dict[str, Any]] | None:
+        """`count` task rows of `split` ("train" or "validation", never sharing a task), the
+        same on every call: spec.dataset.generated. None: this environment cannot make its own
+        tasks, and a run asking it to fails before its trainer starts."""
+        return None
+
     # `mtrl env play <name> ...`: a scripted policy replays the given replies.
     @classmethod
     @abstractmethod

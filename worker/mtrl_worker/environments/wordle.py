@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import random
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ from mtrl_worker.rewards import RewardComponent, Score
 
 WORD_LENGTH = 5
 MAX_GUESSES = 6
+GENERATED_SEED = 0  # fixed: a run's generated tasks must not change when it resumes
 
 GREEN, YELLOW, GREY = "G", "Y", "-"
 
@@ -184,6 +186,16 @@ class WordleEnvironment(Environment):
     def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> WordleEpisode:
         secret = str(task["secret"]).strip().lower()
         return WordleEpisode(WordleGame(secret, min(self.max_guesses, limits.max_turns)))
+
+    @classmethod
+    def generate_tasks(cls, count: int, split: str) -> list[dict[str, Any]]:
+        """Secrets from the word list in a fixed shuffled order: the first tenth is the
+        validation pool, the rest the training pool; a count above a pool's size repeats it."""
+        words = list(word_list())
+        random.Random(GENERATED_SEED).shuffle(words)
+        held_out = len(words) // 10
+        pool = words[:held_out] if split == "validation" else words[held_out:]
+        return [{"secret": pool[i % len(pool)]} for i in range(count)]
 
     @classmethod
     def add_play_arguments(cls, parser: argparse.ArgumentParser) -> None:
