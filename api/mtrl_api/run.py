@@ -450,11 +450,22 @@ class DatasetSpec(ApiModel):
 
 class OutputSpec(ApiModel):
     s3_uri: S3Uri
-    """s3:// prefix for adapters, checkpoints and metrics. Kept after the run ends."""
+    """s3:// prefix for adapters, checkpoints and metrics, kept after the run ends. Each run
+    writes under a folder of its own, <s3Uri>/<namespace>/<name>/<uid>/ (status.outputUri), so
+    runs given the same prefix never share state."""
+    resume_from: S3Uri | None = None
+    """Start from a checkpoint of earlier runs when this run has none of its own: the
+    committed checkpoint with the highest step under this s3:// prefix (an earlier run's
+    status.outputUri, or <s3Uri>/<namespace>/<name>/ for any earlier run of this name).
+    Its adapter must fit spec.model. Unset: the run starts from the base model."""
     checkpoint_interval_steps: int = Field(10, ge=1, le=1_000_000)
     """Write a checkpoint (adapter, optimizer, step, RNG) every N steps. Default 10."""
     keep_checkpoints: int = Field(3, ge=1, le=1000)
     """Most recent checkpoints kept; older ones are deleted. Default 3."""
+
+    def run_uri(self, namespace: str, name: str, uid: str) -> str:
+        """Where one run writes: a folder of its own under s3Uri."""
+        return f"{self.s3_uri.rstrip('/')}/{namespace}/{name}/{uid}"
 
 
 class QueuesSpec(ApiModel):
@@ -647,6 +658,9 @@ class MultiTurnRLRunStatus(ApiModel):
     the create call: a workload of this attempt that is gone later is never created again."""
     observed_attempt: int = Field(0, ge=0)
     """The newest trainer attempt whose workload the operator has seen exist."""
+    output_uri: Annotated[str, Field(max_length=1200)] | None = None
+    """Where this run writes its adapter (adapter/), checkpoints (checkpoints/) and metrics:
+    <spec.output.s3Uri>/<namespace>/<name>/<uid>."""
     resources: ResourceRefs = Field(default_factory=ResourceRefs)
     """Everything the operator created for the run."""
     progress: Progress = Field(default_factory=Progress)

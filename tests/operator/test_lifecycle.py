@@ -56,6 +56,8 @@ def test_happy_path_kubernetes_workers(cluster: LocalCluster, operator: Operator
     run = get(cluster, namespace, "happy")
     assert {"Provisioning", "Succeeded"} <= seen
     assert run["status"]["completionTime"] and run["status"]["attempts"] == 1
+    assert run["status"]["outputUri"] == \
+        f"s3://mtrl-test-outputs/runs/{namespace}/happy/{run['metadata']['uid']}"
     assert condition(run, "Complete")["status"] == "True"
     assert condition(run, "QueuesReady")["status"] == "True"
     names = names_of(run)

@@ -108,7 +108,7 @@ def test_uploads_start_one_run_each_and_repeats_start_none(
     for name, run in runs.items():
         key = expected[name]
         assert run["spec"]["dataset"]["s3"]["trainUri"] == f"s3://{bucket}/{key}"
-        assert run["spec"]["output"]["s3Uri"] == f"s3://mtrl-test-outputs/runs/{name}"
+        assert run["spec"]["output"]["s3Uri"] == "s3://mtrl-test-outputs/runs"
         assert run["metadata"]["annotations"]["mtrl.dev/source-key"] == key
         assert run["metadata"]["annotations"]["mtrl.dev/source-etag"] == etags[key]
         (owner,) = run["metadata"]["ownerReferences"]
@@ -232,8 +232,10 @@ def test_deleting_the_trigger_removes_its_queues_and_entry_and_keeps_outputs(
     upload(bucket, "incoming/a.jsonl")
     (first,) = wait_for(lambda: runs_of(cluster, namespace, "tidy"), 60, "the first run")
     wait_phase(cluster, namespace, first, "Succeeded", timeout=120)
-    # What the trainer would have written under the run's own output prefix.
-    output_key = f"outputs/{first}/adapter/adapter_model.safetensors"
+    # What the trainer would have written in the run's own output folder.
+    output_uri = get(cluster, namespace, first)["status"]["outputUri"]
+    assert output_uri.startswith(f"s3://{bucket}/outputs/{namespace}/{first}/")
+    output_key = f"{output_uri.split('/', 3)[3]}/adapter/adapter_model.safetensors"
     s3.put_object(Bucket=bucket, Key=output_key, Body=b"weights")
     upload(bucket, "incoming/b.jsonl")
     second = wait_for(lambda: [n for n in runs_of(cluster, namespace, "tidy") if n != first], 60,

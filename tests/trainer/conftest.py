@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,9 +55,18 @@ class TrainingRun:
     aws_env: dict[str, str]
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
+    namespace: str = "trainer-tests"
+    name: str = "tiny"
+
+    def output_uri(self, spec: dict[str, Any]) -> str:
+        """The run's own folder under spec.output.s3Uri, as the trainer computes it."""
+        return f"{spec['output']['s3Uri']}/{self.namespace}/{self.name}/{self.run_id}"
+
     def queue_env(self) -> dict[str, str]:
         return {
             "MTRL_RUN_ID": self.run_id,
+            "MTRL_RUN_NAME": self.name,
+            "MTRL_NAMESPACE": self.namespace,
             "MTRL_ROLLOUT_QUEUE_URL": self.queues.rollout_url,
             "MTRL_RESULT_QUEUE_URL": self.queues.result_url,
             "MTRL_GENERATE_QUEUE_URL": self.queues.generate_url,
@@ -109,19 +118,31 @@ class TrainingRun:
 
 
 @pytest.fixture
-def training_run(aws_env: dict[str, str]) -> Iterator[TrainingRun]:
-    prefix = f"tr-{uuid.uuid4().hex[:10]}"
-    run_id = f"uid-{prefix}"
-    queues = create_run_queues(
-        boto3.client("sqs"), prefix, resource_tags(run_id, "default", "trainer-test", "test"),
-        visibility_timeout_s=30, max_receive_count=5,
-    )
-    boto3.client("s3").create_bucket(
-        Bucket=prefix, CreateBucketConfiguration={"LocationConstraint": "us-west-2"}
-    )
-    run = TrainingRun(run_id, prefix, queues, prefix, aws_env)
-    yield run
-    for proc in run.processes:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+def training_runs(aws_env: dict[str, str]) -> Iterator[Callable[[], TrainingRun]]:
+    """A factory of training runs, each with its own identity, queues and bucket."""
+    made: list[TrainingRun] = []
+
+    def make() -> TrainingRun:
+        prefix = f"tr-{uuid.uuid4().hex[:10]}"
+        run_id = f"uid-{prefix}"
+        queues = create_run_queues(
+            boto3.client("sqs"), prefix, resource_tags(run_id, "default", "trainer-test", "test"),
+            visibility_timeout_s=30, max_receive_count=5,
+        )
+        boto3.client("s3").create_bucket(
+            Bucket=prefix, CreateBucketConfiguration={"LocationConstraint": "us-west-2"}
+        )
+        made.append(TrainingRun(run_id, prefix, queues, prefix, aws_env))
+        return made[-1]
+
+    yield make
+    for run in made:
+        for proc in run.processes:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+@pytest.fixture
+def training_run(training_runs: Callable[[], TrainingRun]) -> TrainingRun:
+    return training_runs()

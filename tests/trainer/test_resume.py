@@ -23,7 +23,7 @@ def test_sigkill_then_resume_continues_from_latest_checkpoint(training_run: Trai
     spec = run_spec(training_run.bucket, maxSteps=6)
     spec["output"] |= {"checkpointIntervalSteps": 1, "keepCheckpoints": 10}
     spec["dataset"]["evalIntervalSteps"] = 0
-    store = CheckpointStore(spec["output"]["s3Uri"], keep=10, client=boto3.client("s3"))
+    store = CheckpointStore(training_run.output_uri(spec), keep=10, client=boto3.client("s3"))
     training_run.start_worker()
     first = training_run.start_trainer(spec, "trainer-1")
     deadline = time.monotonic() + 120

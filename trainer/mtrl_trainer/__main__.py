@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(run.lead())
         else:
             run.follow()
+    except ConfigError as exc:  # found only once the run looked at its inputs
+        log.error("%s", exc)
+        return 2
     except Exception as exc:
         log.exception("training failed: %s: %s", type(exc).__name__, exc)
         return 1

@@ -1,7 +1,8 @@
 """Checkpoints in S3: written whole, then committed by a marker, so a kill at any point leaves
 the previous checkpoint intact and never a half one that looks complete.
 
-Layout under spec.output.s3Uri:
+Layout under the run's own folder, <spec.output.s3Uri>/<namespace>/<name>/<uid> (runs given
+the same prefix never see each other's checkpoints; spec.output.resumeFrom names others'):
     checkpoints/step-000010/adapter/adapter_model.safetensors   peft format
     checkpoints/step-000010/adapter/adapter_config.json
     checkpoints/step-000010/trainer_state.pt   step, optimizer, RNG states, step history
@@ -30,6 +31,7 @@ from mtrl_trainer import s3
 log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"checkpoints/step-(\d{6,})/COMPLETE$")
+_COMMITTED = re.compile(r"^(.*?)/?checkpoints/step-(\d{6,})/COMPLETE$")
 
 
 @dataclass
@@ -120,3 +122,19 @@ class CheckpointStore:
 
     def _get(self, key: str) -> bytes:
         return bytes(self._s3.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+
+
+def highest_checkpoint(uri: str, client: Any | None = None) -> tuple[str, int] | None:
+    """(output URI, step) of the committed checkpoint with the highest step anywhere under the
+    s3:// prefix `uri` (one run's folder, or a folder above several runs'), or None."""
+    bucket, prefix = s3.parse_s3_uri(uri)
+    found: list[tuple[int, str]] = []
+    for key in s3.list_keys(client or s3.client(), bucket, f"{prefix}/" if prefix else ""):
+        match = _COMMITTED.match(key)
+        if match:
+            found.append((int(match.group(2)), match.group(1)))
+    if not found:
+        return None
+    step, root = max(found)
+    return f"s3://{bucket}/{root}".rstrip("/"), step
+

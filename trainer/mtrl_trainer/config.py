@@ -29,6 +29,7 @@ class ConfigError(ValueError):
 class TrainerConfig:
     spec: MultiTurnRLRunSpec
     run_id: str
+    run_name: str
     rollout_queue_url: str
     result_queue_url: str
     generate_queue_url: str
@@ -41,6 +42,12 @@ class TrainerConfig:
     collect_grace_s: float
     attempt: str  # unique per process start; keeps sample ids of attempts apart
     operator_attempt: int | None = None  # the operator's attempt number (MTRL_ATTEMPT)
+
+    @property
+    def output_uri(self) -> str:
+        """This run's own folder under spec.output.s3Uri (the operator reports the same one as
+        status.outputUri)."""
+        return self.spec.output.run_uri(self.namespace or "default", self.run_name, self.run_id)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TrainerConfig:
@@ -73,6 +80,7 @@ class TrainerConfig:
         return cls(
             spec=spec,
             run_id=env.get("MTRL_RUN_ID") or "local",
+            run_name=env.get("MTRL_RUN_NAME") or "local",
             rollout_queue_url=urls["ROLLOUT_QUEUE_URL"],
             result_queue_url=urls["RESULT_QUEUE_URL"],
             generate_queue_url=urls["GENERATE_QUEUE_URL"],

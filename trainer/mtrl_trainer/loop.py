@@ -18,8 +18,14 @@ from mtrl_rollout.results import ResultCollector
 from mtrl_rollout.sqs import Sqs
 from mtrl_trainer import s3
 from mtrl_trainer.batch import Row, build_rows
-from mtrl_trainer.checkpoint import CheckpointStore, TrainerState, capture_rng, restore_rng
-from mtrl_trainer.config import TrainerConfig
+from mtrl_trainer.checkpoint import (
+    CheckpointStore,
+    TrainerState,
+    capture_rng,
+    highest_checkpoint,
+    restore_rng,
+)
+from mtrl_trainer.config import ConfigError, TrainerConfig
 from mtrl_trainer.dataset import Tasks, load_tasks
 from mtrl_trainer.distributed import World, broadcast, device_for
 from mtrl_trainer.generation import GenerationService, SamplingConfig
@@ -82,12 +88,11 @@ class Run:
         self.optimizer = torch.optim.AdamW(
             lora_parameters(self.policy.model), lr=spec.grpo.learning_rate, weight_decay=0.0
         )
-        self.store = CheckpointStore(spec.output.s3_uri, spec.output.keep_checkpoints)
-        self.state = self.store.load_latest(self.policy.model) or TrainerState()
+        self.store = CheckpointStore(config.output_uri, spec.output.keep_checkpoints)
+        self.state = self._resume()
         if self.state.step:
             self.optimizer.load_state_dict(self.state.optimizer)
             restore_rng(self.state.rng)
-            log.info("resumed from checkpoint at step %d", self.state.step)
         # Wrap after loading: DDP broadcasts rank 0's (restored) weights at construction.
         scorer = SequenceLogprobs(self.policy.model)
         self.model = DistributedDataParallel(scorer) if world.size > 1 else scorer
@@ -107,6 +112,32 @@ class Run:
             epsilon=grpo.epsilon, epsilon_high=grpo.epsilon_high, beta=grpo.kl_beta,
             temperature=grpo.temperature, micro_batches=grpo.gradient_accumulation_steps,
         )
+
+    def _resume(self) -> TrainerState:
+        """This run's newest checkpoint (a retry of the run); else, when spec.output.resumeFrom
+        is set, the highest-step checkpoint under it; else a fresh start."""
+        output = self.config.spec.output
+        state = self.store.load_latest(self.policy.model)
+        if state is not None:
+            log.info("resumed from checkpoint at step %d", state.step)
+            return state
+        if output.resume_from is None:
+            return TrainerState()
+        found = highest_checkpoint(output.resume_from)
+        if found is None:
+            raise ConfigError(f"spec.output.resumeFrom: no committed checkpoint under "
+                              f"{output.resume_from}")
+        source, _ = found
+        try:
+            state = CheckpointStore(source, output.keep_checkpoints).load_latest(self.policy.model)
+        except RuntimeError as exc:  # an adapter of another shape (rank, target modules, model)
+            raise ConfigError(f"spec.output.resumeFrom: the checkpoint in {source} does not fit "
+                              f"spec.model: {exc}") from exc
+        if state is None:
+            raise ConfigError(f"spec.output.resumeFrom: the checkpoint in {source} was deleted "
+                              "while this run started")
+        log.info("resumed from checkpoint at step %d of %s", state.step, source)
+        return state
 
     @property
     def optimizer_steps(self) -> int:

@@ -42,12 +42,11 @@ def owner_reference(trigger: dict[str, Any]) -> dict[str, Any]:
 def run_manifest(trigger: dict[str, Any], names: TriggerNames, obj: ObjectEvent,
                  digest: str) -> dict[str, Any]:
     """The run for one object version: the template as the API server stored it (defaults
-    applied), with the object as its training data and an output prefix of its own (the
-    trainer resumes from whatever checkpoint it finds there, so runs must not share one)."""
+    applied), with the object as its training data. Its outputs go to a folder of its own
+    under the template's output prefix, as every run's do (OutputSpec.run_uri)."""
     template = trigger["spec"]["runTemplate"]
     spec = copy.deepcopy(template["spec"])
     name = names.run_name(digest)
-    spec["output"] = {**spec["output"], "s3Uri": f"{spec['output']['s3Uri'].rstrip('/')}/{name}"}
     dataset = spec.get("dataset") or {}
     s3 = {"trainUri": obj.uri}
     validation = (dataset.get("s3") or {}).get("validationUri")

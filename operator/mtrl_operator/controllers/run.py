@@ -333,7 +333,8 @@ class Controller:
             trainer=current, trainers_exist=bool(trainers), trainer_workloads=tuple(trainers),
             resources=refs,
             progress=progress_from_configmap(progress_cm) if progress_cm else None,
-            namespace=names.namespace, reported_attempt=reported_attempt, trainer_outcome=outcome,
+            namespace=names.namespace, name=names.name, uid=names.uid,
+            reported_attempt=reported_attempt, trainer_outcome=outcome,
         )
 
     async def _publish(self, body: dict[str, Any], decision: Decision) -> None:

@@ -90,6 +90,8 @@ class Observed:
     resources: ResourceRefs = field(default_factory=ResourceRefs)
     progress: Progress | None = None
     namespace: str = ""  # the run's: whether HyperPod auto-resume applies depends on it
+    name: str = ""
+    uid: str = ""
     # What the trainer wrote into its progress ConfigMap, which outlives the workload: the
     # attempt that last reported, and "Succeeded" once training finished and was saved.
     reported_attempt: int | None = None
@@ -301,6 +303,8 @@ def _start_and_deadline(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision | None
         st.s.start_time = st.obs.now
         st.s.attempts = max(st.s.attempts, 1)
         st.cond("Progressing", True, "Provisioning", "creating queues")
+    if st.s.output_uri is None:  # the same folder the trainer computes from the run's identity
+        st.s.output_uri = spec.output.run_uri(st.obs.namespace, st.obs.name, st.obs.uid)
     limit = spec.lifecycle.active_deadline_seconds
     if limit is None:
         return None

@@ -1,0 +1,81 @@
+"""Each run writes in a folder of its own under spec.output.s3Uri, so two runs given the same
+prefix train independently; a run starts from another's checkpoint only when
+spec.output.resumeFrom says so, and a checkpoint that cannot be used is a configuration error
+(exit 2, named), not a crash to retry."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import boto3
+import pytest
+
+pytest.importorskip("torch")
+
+from mtrl_trainer.checkpoint import CheckpointStore
+
+from .conftest import TrainingRun, run_spec
+
+pytestmark = [pytest.mark.slow, pytest.mark.aws]
+CONFIG_ERROR = 2  # python -m mtrl_trainer's exit code for a configuration error
+
+
+def _train(run: TrainingRun, spec: dict, name: str) -> str:
+    run.start_worker(f"{name}-worker")
+    code = run.start_trainer(spec, name).wait(300)
+    assert code == 0, run.log(name)[-3000:]
+    return run.log(name)
+
+
+def _history(run: TrainingRun, spec: dict, step: int) -> list[dict]:
+    import io
+
+    import torch
+
+    store = CheckpointStore(run.output_uri(spec), keep=10, client=boto3.client("s3"))
+    state = torch.load(io.BytesIO(store._get(store._key(f"checkpoints/step-{step:06d}/"
+                                                        "trainer_state.pt"))), weights_only=False)
+    return state["history"]
+
+
+def test_runs_sharing_an_output_prefix_train_apart_and_resume_only_when_told(
+        training_runs: Callable[[], TrainingRun]) -> None:
+    first, second, third = training_runs(), training_runs(), training_runs()
+    spec = run_spec(first.bucket, maxSteps=2)
+    spec["output"] |= {"checkpointIntervalSteps": 1, "keepCheckpoints": 10}
+    spec["dataset"]["evalIntervalSteps"] = 0
+    s3 = boto3.client("s3")
+
+    _train(first, spec, "first")
+    first_history = _history(first, spec, 2)
+    # Same spec, same s3Uri, another run: it starts from the base model, in its own folder.
+    log = _train(second, spec, "second")
+    assert "resumed" not in log
+    assert CheckpointStore(second.output_uri(spec), 10, s3).committed_steps() == [1, 2]
+    assert {h["attempt"] for h in _history(second, spec, 2)}.isdisjoint(
+        h["attempt"] for h in first_history)
+    assert _history(first, spec, 2) == first_history  # the first run's state untouched
+
+    # Resume, named: the third run continues the first one's training.
+    resumed = copy.deepcopy(spec)
+    resumed["grpo"]["maxSteps"] = 3
+    resumed["output"]["resumeFrom"] = first.output_uri(spec)
+    log = _train(third, resumed, "third")
+    assert f"resumed from checkpoint at step 2 of {first.output_uri(spec)}" in log
+    history = _history(third, resumed, 3)
+    assert [h["step"] for h in history] == [1, 2, 3]
+    assert history[:2] == first_history
+
+    # A resume that cannot be done is a configuration error, named, before any training.
+    fourth = training_runs()
+    nowhere = copy.deepcopy(resumed)
+    nowhere["output"]["resumeFrom"] = f"s3://{first.bucket}/no-such-runs"
+    assert fourth.start_trainer(nowhere, "nowhere").wait(120) == CONFIG_ERROR
+    assert f"spec.output.resumeFrom: no committed checkpoint under s3://{first.bucket}/" \
+           "no-such-runs" in fourth.log("nowhere")
+    other_rank = copy.deepcopy(resumed)
+    other_rank["model"]["lora"] |= {"rank": 4, "alpha": 8}
+    assert fourth.start_trainer(other_rank, "other-rank").wait(120) == CONFIG_ERROR
+    assert f"the checkpoint in {first.output_uri(spec)} does not fit spec.model" in \
+        fourth.log("other-rank")
