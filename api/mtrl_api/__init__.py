@@ -6,3 +6,11 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 # The key of the run's progress ConfigMap that the trainer writes and the operator reads.
 PROGRESS_KEY = "progress.json"
+
+# The trainer's one-line cause of failure goes to its container's termination message, which
+# the kubelet reports in the pod's status and the operator copies into the run's message.
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+# A configuration error (retrying cannot help): the trainer exits with this code and begins its
+# termination message with this prefix (torchrun exits 1 whatever its child's code).
+CONFIG_ERROR_EXIT_CODE = 2
+CONFIG_ERROR_PREFIX = "configuration error:"

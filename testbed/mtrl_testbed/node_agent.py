@@ -235,7 +235,8 @@ class NodeAgent:
                 return
         containers = pod.spec.containers
         for c in containers:
-            await self._run_container(state, pod, c, mounts, env_base, wait=False)
+            await self._run_container(state, pod, c, {
+                **mounts, **_termination_mount(state, c)}, env_base, wait=False)
         await self._report_running(state, pod)
         probes = asyncio.create_task(self._probe_loop(state, pod))
         exit_codes: dict[str, int] = {}
@@ -254,7 +255,8 @@ class NodeAgent:
                     elif restart_policy == "Always" or (restart_policy == "OnFailure" and code):
                         state.restarts[c.name] = state.restarts.get(c.name, 0) + 1
                         await asyncio.sleep(min(10, 2 ** state.restarts[c.name] / 4))
-                        await self._run_container(state, pod, c, mounts, env_base, wait=False)
+                        await self._run_container(state, pod, c, {
+                            **mounts, **_termination_mount(state, c)}, env_base, wait=False)
                         await self._report_running(state, pod)
                     else:
                         exit_codes[c.name] = code
@@ -316,13 +318,16 @@ class NodeAgent:
     async def _finish(self, state: PodProcess, pod: Pod, exit_codes: dict[str, int],
                       failed_init: str | None = None) -> None:
         ok = failed_init is None and all(code == 0 for code in exit_codes.values())
-        statuses = [{
-            "name": name, "image": "", "imageID": "", "ready": False,
-            "restartCount": state.restarts.get(name, 0),
-            "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                     "startedAt": state.started.get(name, _now()),
-                                     "finishedAt": _now()}},
-        } for name, code in exit_codes.items()]
+        containers = {c.name: c for c in [*(pod.spec.initContainers or []), *pod.spec.containers]}
+        statuses = []
+        for name, code in exit_codes.items():
+            terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                          "startedAt": state.started.get(name, _now()), "finishedAt": _now()}
+            if message := _termination_message(state, containers[name], code):
+                terminated["message"] = message
+            statuses.append({"name": name, "image": "", "imageID": "", "ready": False,
+                             "restartCount": state.restarts.get(name, 0),
+                             "state": {"terminated": terminated}})
         key = "initContainerStatuses" if failed_init else "containerStatuses"
         await self._patch_status(state.namespace, state.name, {
             "phase": "Succeeded" if ok else "Failed", key: statuses,
@@ -431,6 +436,33 @@ class NodeAgent:
                 if m.name in local:
                     mounts[m.mountPath] = local[m.name]
         return mounts
+
+
+# The kubelet's limits (pkg/kubelet/container/runtime.go, MaxContainerTerminationMessage*):
+# 4 KiB from the file; from the logs, the last 80 lines, at most 2 KiB.
+TERMINATION_MESSAGE_BYTES, TERMINATION_LOG_LINES, TERMINATION_LOG_BYTES = 4096, 80, 2048
+
+
+def _termination_mount(state: PodProcess, c: Any) -> dict[str, Path]:
+    """The kubelet mounts a file of the container's own at its terminationMessagePath (default
+    /dev/termination-log); here it is a file in the pod's folder, and a path to it in the
+    container's environment or arguments is rewritten to that file."""
+    path = state.root / f"{c.name}.termination-log"
+    path.write_bytes(b"")  # each start of the container begins with an empty message
+    return {c.terminationMessagePath or "/dev/termination-log": path}
+
+
+def _termination_message(state: PodProcess, c: Any, code: int) -> str:
+    """What the kubelet reports as the terminated state's message
+    (kuberuntime_container.go, getTerminationMessage): the file's content; with policy
+    FallbackToLogsOnError and a failed container that wrote none, the tail of its log."""
+    path = state.root / f"{c.name}.termination-log"
+    message = path.read_bytes()[:TERMINATION_MESSAGE_BYTES] if path.exists() else b""
+    if not message.strip() and code != 0 and c.terminationMessagePolicy == "FallbackToLogsOnError":
+        log_path = state.root / f"{c.name}.log"
+        lines = log_path.read_bytes().splitlines(keepends=True) if log_path.exists() else []
+        message = b"".join(lines[-TERMINATION_LOG_LINES:])[-TERMINATION_LOG_BYTES:]
+    return message.decode(errors="replace")
 
 
 def _rewrite(value: str, mounts: dict[str, Path]) -> str:

@@ -114,6 +114,33 @@ def test_backoff_limit_then_failed(cluster: LocalCluster, operator: OperatorProc
     wait_clean(cluster, names_of(run))
 
 
+def test_the_trainers_own_words_reach_the_run(cluster: LocalCluster, operator: OperatorProcess,
+                                              namespace: str) -> None:
+    """A configuration error is said in the trainer's words and not retried (the Job fails at
+    once by its podFailurePolicy, the operator starts no other attempt); a crash that wrote
+    nothing is told by the last line of its log (FallbackToLogsOnError)."""
+    misconfigured = ["python", "-c", "import os, sys; open(os.environ["
+                     "'MTRL_TERMINATION_MESSAGE_PATH'], 'w').write('configuration error: "
+                     "spec.model.name: no model nope/nope'); sys.exit(2)"]
+    crashing = ["python", "-c", "print('loading shard 1', flush=True); "
+                "raise MemoryError('CUDA out of memory on rank 3')"]
+    apply(cluster, namespace, run_manifest("misconfigured", trainer={"command": misconfigured},
+                                           lifecycle={"backoffLimit": 2}))
+    apply(cluster, namespace, run_manifest("crashing", trainer={"command": crashing},
+                                           lifecycle={"backoffLimit": 0}))
+    run = wait_phase(cluster, namespace, "misconfigured", "Failed")
+    assert run["status"]["attempts"] == 1
+    assert condition(run, "Failed")["reason"] == "TrainerConfigError"
+    assert "not retried: configuration error: spec.model.name: no model nope/nope (exit code 2)" \
+        in run["status"]["message"], run["status"]["message"]
+    run = wait_phase(cluster, namespace, "crashing", "Failed")
+    assert condition(run, "Failed")["reason"] == "BackoffLimitExceeded"
+    assert "last: MemoryError: CUDA out of memory on rank 3 (exit code 1)" in \
+        run["status"]["message"], run["status"]["message"]
+    for name in ("misconfigured", "crashing"):
+        wait_clean(cluster, names_of(get(cluster, namespace, name)))
+
+
 def test_deadline_exceeded(cluster: LocalCluster, operator: OperatorProcess,
                            namespace: str) -> None:
     apply(cluster, namespace, run_manifest("slow", trainer={"command": HANG},

@@ -1,18 +1,36 @@
 """`python -m mtrl_trainer` (also `mtrl trainer`, and under torchrun): run the configured GRPO
 training to spec.grpo.maxSteps. Exit 0 when done, 2 on a configuration error, 1 on any other
-unrecoverable error, always with one clear log line saying why."""
+unrecoverable error, always with one clear log line saying why, and the same line as the
+container's termination message (the file $MTRL_TERMINATION_MESSAGE_PATH names, set by the
+operator to the container's terminationMessagePath), which the operator copies into the run's
+status."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import os
 import sys
+from pathlib import Path
 
+from mtrl_api import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_PREFIX
 from mtrl_trainer.config import ConfigError, TrainerConfig
 from mtrl_trainer.distributed import close_world, init_world
 
 log = logging.getLogger("mtrl_trainer")
+MAX_TERMINATION_MESSAGE = 4096  # the kubelet keeps no more
+
+
+def _stop(code: int, cause: str) -> int:
+    """Log the cause and leave it as the termination message; return the exit code."""
+    log.error("%s", cause)
+    path = os.environ.get("MTRL_TERMINATION_MESSAGE_PATH")
+    if path:  # unset outside a pod the operator built: the log line is all there is
+        with contextlib.suppress(OSError):
+            Path(path).write_text(cause[:MAX_TERMINATION_MESSAGE])
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,8 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = TrainerConfig.from_env()
     except ConfigError as exc:
-        log.error("%s", exc)
-        return 2
+        return _stop(CONFIG_ERROR_EXIT_CODE, f"{CONFIG_ERROR_PREFIX} {exc}")
     from mtrl_trainer.loop import Run  # torch is heavy: import it after the config is valid
 
     world = init_world()
@@ -36,11 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run.follow()
     except ConfigError as exc:  # found only once the run looked at its inputs
-        log.error("%s", exc)
-        return 2
+        return _stop(CONFIG_ERROR_EXIT_CODE, f"{CONFIG_ERROR_PREFIX} {exc}")
     except Exception as exc:
-        log.exception("training failed: %s: %s", type(exc).__name__, exc)
-        return 1
+        log.exception("training failed")
+        return _stop(1, f"training failed: {type(exc).__name__}: {exc}")
     close_world(world)
     log.info("training finished at step %d", config.spec.grpo.max_steps)
     return 0

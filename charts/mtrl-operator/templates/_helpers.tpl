@@ -118,6 +118,10 @@ to objects the operator owns. */}}
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, list, watch, create, patch]
+# A failed trainer's pods, read for their termination message (the trainer's own words).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
 # The trainer's rendezvous Service (Job launcher), deleted by its name (the Job's).
 - apiGroups: [""]
   resources: [services]

@@ -15,7 +15,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import ConfigMap, Service
+from lightkube.resources.core_v1 import ConfigMap, Pod, Service
 from lightkube.resources.core_v1 import Event as CoreEvent
 from lightkube.types import CascadeType, PatchType
 
@@ -39,7 +39,7 @@ MultiTurnRLTrigger = create_namespaced_resource(GROUP, VERSION, "MultiTurnRLTrig
 KINDS: dict[str, Any] = {
     "MultiTurnRLRun": MultiTurnRLRun, "MultiTurnRLTrigger": MultiTurnRLTrigger, "Job": Job,
     "PyTorchJob": PyTorchJob, "HyperPodPyTorchJob": HyperPodPyTorchJob,
-    "Deployment": Deployment, "ConfigMap": ConfigMap, "Service": Service,
+    "Deployment": Deployment, "ConfigMap": ConfigMap, "Service": Service, "Pod": Pod,
 }
 
 
@@ -171,6 +171,12 @@ class Kube:
                 raise StaleCopy(f"finalizers of {namespace}/{name}") from exc
             raise
         return dict(_dict(obj)["metadata"])
+
+    async def labelled(self, kind: str, namespace: str,
+                       labels: dict[str, Any]) -> list[dict[str, Any]]:
+        """Objects of `kind` in `namespace` carrying `labels`, read from the server."""
+        return [_dict(obj) async for obj in
+                self.client.list(KINDS[kind], namespace=namespace, labels=labels)]
 
     async def names(self, kind: str, scopes: list[str]) -> list[tuple[str, str]]:
         """(namespace, name) of every object of `kind` in `scopes` (namespaces, or "*"), read

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mtrl_api import PROGRESS_KEY
+from mtrl_api import CONFIG_ERROR_EXIT_CODE, PROGRESS_KEY, TERMINATION_MESSAGE_PATH
 from mtrl_api.run import LauncherKind, MultiTurnRLRunSpec
 from mtrl_operator.builders import security
 from mtrl_operator.builders.env import CONFIG_DIR, CONFIG_FILE, as_k8s
@@ -190,7 +190,12 @@ def pod_template(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
                     {"name": "MTRL_POD_NAME", "valueFrom": {"fieldRef": {
                         "fieldPath": "metadata.name"}}},
                     {"name": "MTRL_POD_NAMESPACE", "valueFrom": {"fieldRef": {
-                        "fieldPath": "metadata.namespace"}}}],
+                        "fieldPath": "metadata.namespace"}}},
+                    {"name": "MTRL_TERMINATION_MESSAGE_PATH", "value": TERMINATION_MESSAGE_PATH}],
+            # The trainer writes its cause of failure there; a trainer killed before it could
+            # (OOM, a crash in native code) leaves its last log lines instead.
+            "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+            "terminationMessagePolicy": "FallbackToLogsOnError",
             "resources": {"limits": limits, "requests": requests},
             "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
                              {"name": "dshm", "mountPath": "/dev/shm"}],
@@ -246,6 +251,10 @@ def workload(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str], att
                  "completions": spec.trainer.nodes,
                  "parallelism": spec.trainer.nodes,
                  "backoffLimit": 0,  # a failed attempt is retried by the operator, from a checkpoint
+                 # A configuration error fails the Job at once, whatever the backoff limit.
+                 "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
+                     "containerName": "trainer", "operator": "In",
+                     "values": [CONFIG_ERROR_EXIT_CODE]}}]},
                  "suspend": bool(spec.scheduling.queue_name),  # Kueue admits it
                  "template": template,
              }},

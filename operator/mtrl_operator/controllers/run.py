@@ -36,12 +36,14 @@ from mtrl_operator.reconcile.observe import (
     spec_problem,
     trainer_report,
     trainer_state,
+    with_cause,
 )
 from mtrl_operator.reconcile.run import (
     CONDITION_TYPES,
     Decision,
     Observed,
     TrainerObserved,
+    TrainerState,
     decide,
 )
 from mtrl_operator.settings import Settings
@@ -321,6 +323,13 @@ class Controller:
                 refs.trainer_kind, refs.trainer_name = kind, names.trainer(status.attempts)
             progress_cm = await self.kube.get("ConfigMap", names.progress_config_map,
                                               names.namespace) or progress_cm
+        if current is not None and current.state == TrainerState.FAILED and not deleting and \
+                not status.phase.finished:
+            # The trainer's own words, read while its pods are still there: the next action
+            # deletes the workload, and the run's message keeps them.
+            pods = await self.kube.labelled("Pod", names.namespace, {
+                **names.labels("trainer"), LABEL_ATTEMPT: str(current.attempt)})
+            current = with_cause(current, pods)
         if spec is not None and trainers:
             refs.config_map = names.config_map
         reported_attempt, outcome = trainer_report(progress_cm) if progress_cm else (None, None)

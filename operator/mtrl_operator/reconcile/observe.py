@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mtrl_api import PROGRESS_KEY
+from mtrl_api import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_PREFIX, PROGRESS_KEY
 from mtrl_api.run import (
     FARGATE_MEMORY_MIB,
     MultiTurnRLRunSpec,
@@ -75,6 +75,32 @@ def trainer_state(kind: str, obj: dict[str, Any], attempt: int) -> TrainerObserv
     if (status.get("ready") or 0) > 0:
         return TrainerObserved(attempt, TrainerState.RUNNING, "")
     return TrainerObserved(attempt, TrainerState.PENDING, "waiting for trainer pods")
+
+
+MAX_CAUSE = 1024  # of the trainer's own words in the run's message
+
+
+def with_cause(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerObserved:
+    """A failed trainer, told in its own words: the termination message of a container of its
+    pods that failed (the trainer writes one line; with FallbackToLogsOnError the kubelet puts
+    the tail of the log there instead), its last line, and whether it was a configuration
+    error (exit code 2, or the message says so: torchrun exits 1 whatever its child did)."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        for container in [*(status.get("initContainerStatuses") or []),
+                          *(status.get("containerStatuses") or [])]:
+            terminated = (container.get("state") or {}).get("terminated") or {}
+            code = terminated.get("exitCode") or 0
+            if not code:
+                continue
+            lines = [line.strip() for line in (terminated.get("message") or "").splitlines()]
+            cause = next((line for line in reversed(lines) if line), "")
+            config_error = code == CONFIG_ERROR_EXIT_CODE or cause.startswith(CONFIG_ERROR_PREFIX)
+            told = f"{cause[:MAX_CAUSE]} (exit code {code})" if cause else f"exit code {code}"
+            return TrainerObserved(trainer.attempt, trainer.state,
+                                   f"{told}; {trainer.message}" if trainer.message else told,
+                                   config_error)
+    return trainer
 
 
 def _progress_json(obj: dict[str, Any]) -> dict[str, Any]:

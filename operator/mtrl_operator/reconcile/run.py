@@ -66,6 +66,7 @@ class TrainerObserved:
     attempt: int
     state: TrainerState
     message: str = ""
+    config_error: bool = False  # the trainer said retrying cannot help
 
 
 @dataclass(frozen=True)
@@ -408,8 +409,13 @@ def _current_attempt(st: _Draft, spec: MultiTurnRLRunSpec,
 
 
 def _failed_attempt(st: _Draft, spec: MultiTurnRLRunSpec, trainer: TrainerObserved) -> Decision:
-    """A new attempt while the operator owns retries and the backoff limit allows one."""
+    """A new attempt while the operator owns retries and the backoff limit allows one; none
+    after a configuration error, which the next attempt would hit again."""
     attempt, lifecycle = trainer.attempt, spec.lifecycle
+    if trainer.config_error:
+        st.finish(False, "TrainerConfigError", f"the trainer stopped in attempt {attempt} on a "
+                                               f"configuration error, not retried: {trainer.message}")
+        return st.done(_teardown(st.obs), requeue=0.2)
     owner = retry_owner(spec.trainer.launcher, st.obs.namespace)
     if owner != RetryOwner.OPERATOR:
         st.finish(False, "TrainerFailed",

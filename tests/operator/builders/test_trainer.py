@@ -197,3 +197,21 @@ def test_the_job_launcher_never_retries_by_itself() -> None:
     job = render("Job")
     assert job["spec"]["backoffLimit"] == 0
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+@pytest.mark.parametrize("launcher", ["Job", "PyTorchJob", "HyperPodPyTorchJob"])
+def test_every_launchers_trainer_leaves_its_cause_as_the_termination_message(
+        launcher: str) -> None:
+    names = RunNames("team-a", "wordle", "uid-1")
+    trainer = container(pod_template(names, spec(launcher), {}, 1)["spec"])
+    assert trainer["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert trainer["terminationMessagePath"] == "/dev/termination-log"
+    assert env({"containers": [trainer]})["MTRL_TERMINATION_MESSAGE_PATH"] == \
+        "/dev/termination-log"
+
+
+def test_a_configuration_error_fails_the_job_at_once() -> None:
+    job = render("Job")
+    container_name = container(job["spec"]["template"]["spec"])["name"]
+    assert job["spec"]["podFailurePolicy"] == {"rules": [{"action": "FailJob", "onExitCodes": {
+        "containerName": container_name, "operator": "In", "values": [2]}}]}

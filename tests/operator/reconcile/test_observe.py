@@ -15,8 +15,9 @@ from mtrl_operator.reconcile.observe import (
     spec_problem,
     trainer_report,
     trainer_state,
+    with_cause,
 )
-from mtrl_operator.reconcile.run import TrainerState
+from mtrl_operator.reconcile.run import TrainerObserved, TrainerState
 from mtrl_operator.settings import Settings
 
 
@@ -147,3 +148,37 @@ def test_a_generated_dataset_needs_an_environment_that_makes_tasks(
     run.dataset.inline = None
     run.dataset.generated = GeneratedDataset()
     assert spec_problem(run, Settings()) == problem
+
+
+def pod(*containers: tuple[int | None, str]) -> dict[str, Any]:
+    """A pod whose containers ended with (exit code, termination message); None: running."""
+    return {"status": {"containerStatuses": [
+        {"name": f"c{i}", "state": {"running": {}} if code is None else {
+            "terminated": {"exitCode": code, "message": message}}}
+        for i, (code, message) in enumerate(containers)]}}
+
+
+JOB_FAILED = TrainerObserved(1, TrainerState.FAILED, "Job has reached the specified backoff limit")
+
+
+@pytest.mark.parametrize(("pods", "message", "config_error"), [
+    # the trainer's own line, exit code 2
+    ([pod((2, "configuration error: MTRL_CONFIG: cannot read /etc/mtrl/run.json\n"))],
+     "configuration error: MTRL_CONFIG: cannot read /etc/mtrl/run.json (exit code 2); "
+     "Job has reached the specified backoff limit", True),
+    # torchrun exits 1 whatever its child did: the words say it
+    ([pod((1, "configuration error: spec.output.resumeFrom: no committed checkpoint"))],
+     "configuration error: spec.output.resumeFrom: no committed checkpoint (exit code 1); "
+     "Job has reached the specified backoff limit", True),
+    # FallbackToLogsOnError: the log's tail, of which the last line is told
+    ([pod((0, ""), (None, "")), pod((137, "step 3\nloading shard 2\nKilled\n\n"))],
+     "Killed (exit code 137); Job has reached the specified backoff limit", False),
+    ([pod((1, ""))], "exit code 1; Job has reached the specified backoff limit", False),
+    ([pod((None, ""))], "Job has reached the specified backoff limit", False),
+    ([], "Job has reached the specified backoff limit", False),
+])
+def test_a_failed_trainer_is_told_in_its_own_words(
+        pods: list[dict[str, Any]], message: str, config_error: bool) -> None:
+    told = with_cause(JOB_FAILED, pods)
+    assert (told.message, told.config_error) == (message, config_error)
+    assert (told.attempt, told.state) == (1, TrainerState.FAILED)

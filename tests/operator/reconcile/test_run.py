@@ -101,6 +101,20 @@ def test_failure_retries_as_a_new_attempt_then_fails_at_the_backoff_limit() -> N
         "BackoffLimitExceeded"
 
 
+def test_a_configuration_error_fails_the_run_without_another_attempt() -> None:
+    failed = ready(trainer=TrainerObserved(
+        1, TrainerState.FAILED, "configuration error: spec.output.resumeFrom: no committed "
+        "checkpoint under s3://b/x (exit code 2)", config_error=True), trainers_exist=True)
+    d = decide(failed)
+    assert d.status.phase == Phase.FAILED and d.status.attempts == 1
+    assert Act.ENSURE_TRAINER not in d.actions and Act.DELETE_TRAINER in d.actions
+    assert next(c for c in d.status.conditions if c.type == "Failed").reason == \
+        "TrainerConfigError"
+    assert d.status.message == (
+        "the trainer stopped in attempt 1 on a configuration error, not retried: configuration "
+        "error: spec.output.resumeFrom: no committed checkpoint under s3://b/x (exit code 2)")
+
+
 def test_deadline_fails_and_tears_down() -> None:
     late = ready(now=NOW + dt.timedelta(seconds=3601), trainers_exist=True,
                  trainer=TrainerObserved(1, TrainerState.RUNNING))
