@@ -36,9 +36,15 @@ def test_reports_every_problem_at_once(tmp_path: Path) -> None:
     assert "rollout: Field required" in message and "MTRL_DLQ_URL is not set" in message
 
 
-def test_main_exits_2_on_bad_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_main_exits_2_on_bad_config_and_leaves_the_cause_as_termination_message(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    termination = tmp_path / "termination-log"
     monkeypatch.setenv("MTRL_CONFIG", str(tmp_path / "missing.json"))
+    monkeypatch.setenv("MTRL_TERMINATION_MESSAGE_PATH", str(termination))
     assert main([]) == 2
+    message = termination.read_text()
+    assert message.startswith("configuration error: invalid trainer configuration: MTRL_CONFIG: "
+                              f"cannot read {tmp_path / 'missing.json'}")
 
 
 def test_progress_file_schema(tmp_path: Path) -> None:
