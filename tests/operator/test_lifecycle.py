@@ -233,10 +233,23 @@ def test_unreachable_aws_is_reported_and_force_release_unblocks_deletion(
     apply(cluster, namespace, run_manifest("stranded"))
     wait_for(lambda: "ReconcileError" in _events(cluster, namespace, "stranded"), 90,
              "a ReconcileError event")
+    # The phase is never blank: Pending, saying what failed.
+    status = wait_for(lambda: ((get(cluster, namespace, "stranded") or {}).get("status") or {})
+                      .get("message") and get(cluster, namespace, "stranded")["status"], 60,
+                      "the run to say what failed")
+    assert status["phase"] == "Pending"
+    assert "EndpointConnectionError" in status["message"] and \
+        status["message"].endswith("; retrying"), status["message"]
     cluster.kubectl("delete", "mtrlrun", "stranded", "-n", namespace, "--wait=false")
     run = wait_for(lambda: (r := get(cluster, namespace, "stranded")) and
                    r["metadata"].get("deletionTimestamp") and r, 30, "deletion to start")
     assert "mtrl.dev/cleanup" in run["metadata"]["finalizers"], "held until cleaned up"
+    # Terminating, and after a few failed teardowns, how to let go.
+    run = wait_for(lambda: (r := get(cluster, namespace, "stranded")) and
+                   "mtrl.dev/force-release=true" in r["status"]["message"] and r, 120,
+                   "the status to say how to release the run")
+    assert run["status"]["phase"] == "Terminating"
+    assert run["status"]["message"].startswith("waiting to delete the run's resources: ")
     cluster.kubectl("annotate", "mtrlrun", "stranded", "-n", namespace,
                     "mtrl.dev/force-release=true")
     wait_for(lambda: get(cluster, namespace, "stranded") is None, 60, "the forced release")

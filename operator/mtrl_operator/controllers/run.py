@@ -45,6 +45,7 @@ from mtrl_operator.reconcile.run import (
     TrainerObserved,
     TrainerState,
     decide,
+    stalled,
 )
 from mtrl_operator.settings import Settings
 from mtrl_operator.workqueue import WorkQueue, every
@@ -97,6 +98,7 @@ class Controller:
         self.phases: dict[Key, str] = {}  # for the runs-by-phase gauge, kept in O(1) per change
         self.polls: dict[Key, tuple[Any, int]] = {}  # last poll's outcome, polls in a row
         self.expected: dict[Key, Expected] = {}  # status writes not yet echoed by the watch
+        self.failures: dict[Key, int] = {}  # failed reconciles in a row
         self.queue: WorkQueue[Key] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -124,6 +126,7 @@ class Controller:
         if event_type == "DELETED":
             self._track_phase(key, None)
             self.polls.pop(key, None)
+            self.failures.pop(key, None)
             self.expected.pop(key, None)
             self.runs.pop(key, None)
             self.keys_by_uid.pop(meta["uid"], None)
@@ -171,20 +174,34 @@ class Controller:
             return None
         started = time.perf_counter()
         try:
-            return await self._reconcile(body)
+            requeue = await self._reconcile(body)
         except StaleCopy:  # our cached copy was stale; the watch brings a new one
             return 0.2
         except Exception as exc:
-            await self._report_error(body, exc)
+            self.failures[key] = self.failures.get(key, 0) + 1
+            await self._report_error(body, exc, self.failures[key])
             raise
         finally:
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+        self.failures.pop(key, None)
+        return requeue
 
-    async def _report_error(self, body: dict[str, Any], exc: Exception) -> None:
-        """Persistent failures are visible on the run, not only in the operator's log."""
+    async def _report_error(self, body: dict[str, Any], exc: Exception, failures: int) -> None:
+        """Persistent failures are visible on the run, not only in the operator's log: an
+        Event, and the run's status says what failed (never a blank phase)."""
         metrics.RECONCILE_ERRORS.labels(kind=type(exc).__name__).inc()
-        await self.kube.event(body, "Warning", "ReconcileError",
-                              f"{type(exc).__name__}: {exc}; retrying with backoff")
+        cause = f"{type(exc).__name__}: {exc}"
+        await self.kube.event(body, "Warning", "ReconcileError", f"{cause}; retrying with backoff")
+        meta = body["metadata"]
+        status = stalled(self._parse_status(body), deleting=meta.get("deletionTimestamp") is not None,
+                         cause=cause[:1024], failures=failures, namespace=meta["namespace"],
+                         name=meta["name"], now=dt.datetime.now(dt.UTC),
+                         generation=meta.get("generation", 0))
+        try:
+            await self._publish(body, Decision([], status))
+        except Exception as write_error:  # the API server may be what failed
+            log.debug("could not write the failure into %s/%s: %s", meta["namespace"],
+                      meta["name"], write_error)
 
     def _names(self, body: dict[str, Any]) -> RunNames:
         meta = body["metadata"]

@@ -24,6 +24,7 @@ from mtrl_api.run import (
     ResourceRefs,
     WorkersStatus,
 )
+from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE
 from mtrl_operator.reconcile.retries import RetryOwner, retry_owner
 
 # The run's conditions this operator writes (and owns under server-side apply); others'
@@ -260,6 +261,33 @@ def decide(obs: Observed) -> Decision:
     assert spec is not None  # a run without a readable spec is finished or deleting
     return (_start_and_deadline(st, spec) or _suspension(st, spec) or _queues(st)
             or _workers(st, spec) or _trainer(st, spec))
+
+
+FORCE_RELEASE_HINT_AFTER = 3  # failed teardowns in a row before the status says how to let go
+
+
+def stalled(status: MultiTurnRLRunStatus, *, deleting: bool, cause: str, failures: int,
+            namespace: str, name: str, now: dt.datetime, generation: int) -> MultiTurnRLRunStatus:
+    """The status of a run whose reconcile failed (AWS unreachable, no credentials, the API
+    server refusing a write): never blank. It keeps its phase (Pending if it had none;
+    Terminating while deleting) and says what failed and that it retries; a deletion that keeps
+    failing says how to release the run without cleanup. A finished run is left as it is."""
+    if status.phase.finished and not deleting:
+        return status
+    out = status.model_copy(deep=True)
+    if deleting:
+        out.phase = Phase.TERMINATING
+        out.message = f"waiting to delete the run's resources: {cause}; retrying"
+        if failures >= FORCE_RELEASE_HINT_AFTER:
+            out.message += (f" (failed {failures} times in a row; to release the run without "
+                            f"cleanup: kubectl annotate mtrlrun {name} -n {namespace} "
+                            f"{ANNOTATION_FORCE_RELEASE}=true, and the orphan sweeper deletes "
+                            "what is left in AWS)")
+    else:
+        out.message = f"{cause}; retrying"
+    out.conditions = set_condition(out.conditions, "Progressing", False, "ReconcileError", cause,
+                                   now, generation)
+    return out
 
 
 def _deletion(st: _Draft) -> Decision | None:

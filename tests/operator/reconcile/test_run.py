@@ -12,7 +12,14 @@ from mtrl_api.run import (
     Phase,
     Progress,
 )
-from mtrl_operator.reconcile.run import Act, Observed, TrainerObserved, TrainerState, decide
+from mtrl_operator.reconcile.run import (
+    Act,
+    Observed,
+    TrainerObserved,
+    TrainerState,
+    decide,
+    stalled,
+)
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 SPEC = MultiTurnRLRunSpec.model_validate({
@@ -276,3 +283,36 @@ def test_pytorchjob_retries_belong_to_auto_resume_only_where_it_applies() -> Non
     assert d.status.phase == Phase.FAILED and d.status.attempts == 1
     d = decide(replace(failed, namespace="team-a"))
     assert d.status.attempts == 2 and d.actions == [Act.DELETE_TRAINER]
+
+
+CAUSE = "NoCredentialsError: Unable to locate credentials"
+
+
+def _stalled(status: MultiTurnRLRunStatus, deleting: bool, failures: int) -> MultiTurnRLRunStatus:
+    return stalled(status, deleting=deleting, cause=CAUSE, failures=failures,
+                   namespace="team-a", name="wordle", now=NOW, generation=3)
+
+
+def test_a_run_whose_reconcile_fails_is_never_blank() -> None:
+    new = _stalled(MultiTurnRLRunStatus(), deleting=False, failures=1)
+    assert new.phase == Phase.PENDING
+    assert new.message == f"{CAUSE}; retrying"
+    progressing = next(c for c in new.conditions if c.type == "Progressing")
+    assert (progressing.status, progressing.reason, progressing.message) == (
+        "False", "ReconcileError", CAUSE)
+    running = _stalled(started().model_copy(update={"phase": Phase.RUNNING}), deleting=False,
+                       failures=5)
+    assert running.phase == Phase.RUNNING and running.message == f"{CAUSE}; retrying"
+    finished = started(message="trained 20 steps").model_copy(update={"phase": Phase.SUCCEEDED})
+    assert _stalled(finished, deleting=False, failures=9) == finished
+
+
+def test_a_stuck_deletion_says_how_to_let_go_after_repeated_failures() -> None:
+    first = _stalled(started(), deleting=True, failures=2)
+    assert first.phase == Phase.TERMINATING
+    assert first.message == f"waiting to delete the run's resources: {CAUSE}; retrying"
+    third = _stalled(started(), deleting=True, failures=3)
+    assert third.message.endswith(
+        "(failed 3 times in a row; to release the run without cleanup: kubectl annotate "
+        "mtrlrun wordle -n team-a mtrl.dev/force-release=true, and the orphan sweeper deletes "
+        "what is left in AWS)")
