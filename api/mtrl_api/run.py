@@ -608,6 +608,8 @@ class Progress(ApiModel):
     """step/totalSteps, for kubectl get."""
     reward_mean: float | None = None
     """Mean aggregate reward of the latest step."""
+    reward_display: Annotated[str, Field(max_length=32)] = ""
+    """rewardMean to three decimals, for kubectl get."""
     reward_std: float | None = None
     """Std of the aggregate reward of the latest step."""
     success_rate: float | None = Field(None, ge=0.0, le=1.0)

@@ -34,15 +34,21 @@ def test_printer_columns_and_short_names(cluster: LocalCluster, namespace: str) 
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=tiny)
     cluster.kubectl("patch", "mtrlrun", "tiny-target", "-n", namespace, "--subresource=status",
                     "--type=merge", "-p", json.dumps({"status": {
-                        "phase": "Running", "progress": {"display": "3/20", "rewardMean": 0.625},
+                        "phase": "Running", "attempts": 2, "startTime": "2026-01-01T00:00:00Z",
+                        "progress": {"display": "3/20", "rewardMean": 0.6254166666,
+                                     "rewardDisplay": "0.625"},
                         "workers": {"display": "2/2"}}}))
     # The category "mtrl" spans runs and triggers, so kubectl names the kind there.
     for resource, name in (("mtrlruns", "tiny-target"), ("mtrlrun", "tiny-target"),
                            ("multiturnrlruns", "tiny-target"),
                            ("mtrl", "multiturnrlrun.mtrl.dev/tiny-target")):
         out = cluster.kubectl("get", resource, "-n", namespace).stdout.splitlines()
-        assert out[0].split() == ["NAME", "PHASE", "STEP", "REWARD", "WORKERS", "AGE"], resource
-        assert out[1].split()[:5] == [name, "Running", "3/20", "0.625", "2/2"], resource
+        assert out[0].split() == ["NAME", "PHASE", "STEP", "REWARD", "WORKERS", "ATTEMPTS",
+                                  "START", "END", "AGE"], resource
+        row = out[1].split()
+        assert row[:6] == [name, "Running", "3/20", "0.625", "2/2", "2"], resource
+        # Started long ago; END is blank while the run goes on (kubectl prints nothing there).
+        assert row[6].endswith("d") and len(row) == 8, row
 
 
 def test_defaults_are_applied_by_the_server(cluster: LocalCluster, namespace: str) -> None:

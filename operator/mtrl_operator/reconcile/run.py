@@ -196,6 +196,8 @@ def _merge_observations(st: _Draft, obs: Observed) -> None:
         streak = st.s.progress.collapse_streak
         st.s.progress = obs.progress.model_copy()
         st.s.progress.collapse_streak = streak
+        mean = st.s.progress.reward_mean
+        st.s.progress.reward_display = "" if mean is None else f"{mean:.3f}"
     if obs.spec is not None:
         total = obs.spec.grpo.max_steps
         st.s.progress.total_steps = total

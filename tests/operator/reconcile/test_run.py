@@ -316,3 +316,9 @@ def test_a_stuck_deletion_says_how_to_let_go_after_repeated_failures() -> None:
         "(failed 3 times in a row; to release the run without cleanup: kubectl annotate "
         "mtrlrun wordle -n team-a mtrl.dev/force-release=true, and the orphan sweeper deletes "
         "what is left in AWS)")
+
+
+def test_the_reward_is_shown_to_three_decimals() -> None:
+    d = decide(ready(progress=Progress(step=3, reward_mean=0.0104166666)))
+    assert d.status.progress.reward_display == "0.010"
+    assert decide(ready(progress=Progress(step=3))).status.progress.reward_display == ""
