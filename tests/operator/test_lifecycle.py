@@ -36,6 +36,15 @@ def _events(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
     return [e["reason"] for e in json.loads(out.stdout)["items"]]
 
 
+def _messages(cluster: LocalCluster, namespace: str, name: str) -> dict[str, list[str]]:
+    out = cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                          f"involvedObject.name={name}", "-o", "json")
+    said: dict[str, list[str]] = {}
+    for event in json.loads(out.stdout)["items"]:
+        said.setdefault(event["reason"], []).append(event["message"])
+    return said
+
+
 def test_happy_path_kubernetes_workers(cluster: LocalCluster, operator: OperatorProcess,
                                        namespace: str) -> None:
     s3 = boto3.client("s3")
@@ -62,7 +71,8 @@ def test_happy_path_kubernetes_workers(cluster: LocalCluster, operator: Operator
     assert condition(run, "QueuesReady")["status"] == "True"
     names = names_of(run)
     wait_clean(cluster, names)
-    assert {"Provisioning", "Succeeded"} <= set(_events(cluster, namespace, "happy"))
+    assert {"Provisioning", "Succeeded", "TrainerDeleted", "WorkersDeleted", "QueuesDeleted"} <= \
+        set(_events(cluster, namespace, "happy"))
     # Outputs are kept.
     assert s3.get_object(Bucket="mtrl-test-outputs",
                          Key="runs/adapter/adapter_model.safetensors")["Body"].read() == b"weights"
@@ -86,6 +96,11 @@ def test_happy_path_ecs_fargate_workers(cluster: LocalCluster, operator: Operato
     inactive = ecs.list_task_definitions(familyPrefix=names.task_family,
                                          status="INACTIVE")["taskDefinitionArns"]
     assert len(inactive) == 1, "one task definition was registered, and deregistered"
+    said = _messages(cluster, namespace, "fargate")
+    assert said["WorkersDeleted"] == [
+        f"deleted 12 ECS tasks in cluster default, 1 revision(s) of task definition "
+        f"{names.task_family}"], said  # named once, however often teardown looked
+    assert said["QueuesDeleted"] == [f"deleted 4 queues named {names.aws_prefix}-*"], said
     # The status names nothing that is gone (a merge patch must null what went away).
     wait_for(lambda: not any(((get(cluster, namespace, "fargate") or {}).get("status", {})
                               .get("resources") or {}).values()), 30,

@@ -95,16 +95,18 @@ class Kube:
         return _dict(obj)
 
     @mutating("delete {kind} {namespace}/{name}")
-    async def delete(self, kind: str, name: str, namespace: str) -> None:
-        """Delete in the background (children follow); a missing object is already deleted."""
+    async def delete(self, kind: str, name: str, namespace: str) -> bool:
+        """Delete in the background (children follow); a missing object is already deleted
+        (False: this call found nothing to delete)."""
         try:
             await self.client.delete(KINDS[kind], name, namespace=namespace,
                                      cascade=CascadeType.BACKGROUND, grace_period=None)
         except (ApiError, httpx.HTTPStatusError) as exc:
             if _status_code(exc) != 404:
                 raise
-            return
+            return False
         metrics.RESOURCES_DELETED.labels(kind=kind).inc()
+        return True
 
     @mutating("apply the status of {kind} {namespace}/{name}")
     async def apply_status(self, namespace: str, name: str, status: dict[str, Any],

@@ -131,6 +131,7 @@ class Controller:
             self.runs.pop(key, None)
             self.keys_by_uid.pop(meta["uid"], None)
             self.children.forget(meta["uid"])
+            self.actions.forget(meta["uid"])
             if self.queue:
                 self.queue.forget(key)
             return

@@ -28,11 +28,22 @@ def _queue_urls(obs: Observed) -> dict[str, str]:
     return {q.role: q.url for q in obs.resources.queues}
 
 
+# The Event that says what a teardown action deleted, by action.
+TEARDOWN_EVENTS = {Act.DELETE_TRAINER: "TrainerDeleted", Act.DELETE_WORKERS: "WorkersDeleted",
+                   Act.DELETE_QUEUES: "QueuesDeleted"}
+
+
 class RunActions:
     def __init__(self, settings: Settings, kube: Kube, aws: Aws) -> None:
         self.settings = settings
         self.kube = kube
         self.aws = aws
+        # Teardown messages already announced, by run UID: SQS lists a deleted queue for up
+        # to a minute, and a repeated delete must not repeat its Event.
+        self._announced: dict[str, set[str]] = {}
+
+    def forget(self, uid: str) -> None:
+        self._announced.pop(uid, None)
 
     def cluster(self, spec: MultiTurnRLRunSpec | None) -> str:
         """The run's ECS cluster, or the operator's default."""
@@ -58,11 +69,14 @@ class RunActions:
                 assert spec is not None
                 await self._ensure_trainer(body, names, spec, obs, decision.attempt)
             elif action == Act.DELETE_TRAINER:
-                await self._delete_trainers(names, obs)
+                await self._announce(body, names, action, await self._delete_trainers(names, obs))
             elif action == Act.DELETE_WORKERS:
-                await self._delete_workers(names, spec, obs)
+                await self._announce(body, names, action,
+                                     await self._delete_workers(names, spec, obs))
             elif action == Act.DELETE_QUEUES:
-                await self.aws.delete_queues(names)
+                count = await self.aws.delete_queues(names)
+                await self._announce(body, names, action, [f"{count} queues named "
+                                                           f"{names.aws_prefix}-*"] if count else [])
             elif action == Act.DELETE_RUN:
                 await self.kube.delete("MultiTurnRLRun", names.name, names.namespace)
             elif action == Act.REMOVE_FINALIZER:
@@ -101,25 +115,48 @@ class RunActions:
         for manifest in trainer_builders.workload(names, spec, env, attempt, owner):
             await self.kube.create(manifest)
 
-    async def _delete_trainers(self, names: RunNames, obs: Observed) -> None:
+    async def _announce(self, body: dict[str, Any], names: RunNames, action: Act,
+                        deleted: list[str]) -> None:
+        """The operator's log and the run's Events name what a teardown action deleted."""
+        if not deleted:
+            return
+        message = f"deleted {', '.join(deleted)}"
+        announced = self._announced.setdefault(names.uid, set())
+        if message in announced:
+            return
+        announced.add(message)
+        log.info("%s/%s: %s", names.namespace, names.name, message,
+                 extra={"run": f"{names.namespace}/{names.name}"})
+        await self.kube.event(body, "Normal", TEARDOWN_EVENTS[action], message)
+
+    async def _delete_trainers(self, names: RunNames, obs: Observed) -> list[str]:
         # What the reconcile observed, a live read included: a kind whose watch has not listed
         # yet (a CRD installed after the operator started) is not in the cache.
+        deleted = []
         for kind, name in obs.trainer_workloads:
             if kind == "Job":
                 # Its rendezvous Service, of the same name, first: the Service is not watched,
                 # so the Job's existence is what brings a restarted operator back here.
                 await self.kube.delete("Service", name, names.namespace)
-            await self.kube.delete(kind, name, names.namespace)
+            if await self.kube.delete(kind, name, names.namespace):
+                deleted.append(f"{kind} {name}")
+        return deleted
 
     async def _delete_workers(self, names: RunNames, spec: MultiTurnRLRunSpec | None,
-                              obs: Observed) -> None:
-        if obs.resources.worker_deployment:
-            await self.kube.delete("Deployment", obs.resources.worker_deployment,
-                                   names.namespace)
+                              obs: Observed) -> list[str]:
+        deleted = []
+        if obs.resources.worker_deployment and await self.kube.delete(
+                "Deployment", obs.resources.worker_deployment, names.namespace):
+            deleted.append(f"Deployment {obs.resources.worker_deployment}")
         if spec is None or spec.workers.backend == WorkerBackend.ECS_FARGATE:
             # The live tasks this reconcile observed; one started since is stopped next time.
-            await self.aws.stop_tasks(self.cluster(spec), obs.resources.task_arns)
-            await self.aws.deregister_task_definitions(names)
+            tasks = obs.resources.task_arns
+            await self.aws.stop_tasks(self.cluster(spec), tasks)
+            if tasks:
+                deleted.append(f"{len(tasks)} ECS tasks in cluster {self.cluster(spec)}")
+            if revisions := await self.aws.deregister_task_definitions(names):
+                deleted.append(f"{revisions} revision(s) of task definition {names.task_family}")
+        return deleted
 
     async def remove_finalizer(self, body: dict[str, Any]) -> None:
         meta = body["metadata"]
