@@ -15,6 +15,7 @@ from mtrl_testbed.ports import free_port
 from tests.operator.runs import (
     FAIL,
     HANG,
+    SUCCEED,
     apply,
     aws_leftovers,
     condition,
@@ -154,6 +155,23 @@ def test_the_trainers_own_words_reach_the_run(cluster: LocalCluster, operator: O
         run["status"]["message"], run["status"]["message"]
     for name in ("misconfigured", "crashing"):
         wait_clean(cluster, names_of(get(cluster, namespace, name)))
+
+
+def test_a_trainer_no_node_can_take_says_so(cluster: LocalCluster, operator: OperatorProcess,
+                                             namespace: str) -> None:
+    """An instance type without the ml. prefix matches no node: the real scheduler says so,
+    and the run says it too, instead of waiting for trainer pods in silence."""
+    apply(cluster, namespace, run_manifest("nowhere", trainer={
+        "command": SUCCEED, "instanceType": "p5.48xlarge"}))
+    run = wait_for(lambda: (r := get(cluster, namespace, "nowhere")) and
+                   "cannot be scheduled" in (r.get("status") or {}).get("message", "") and r,
+                   90, "the run to say its trainer cannot be scheduled")
+    assert run["status"]["phase"] == "Provisioning"
+    assert "didn't match Pod's node affinity/selector" in run["status"]["message"], \
+        run["status"]["message"]
+    assert condition(run, "TrainerReady")["reason"] == "Unschedulable"
+    cluster.kubectl("delete", "mtrlrun", "nowhere", "-n", namespace, "--timeout=60s")
+    wait_clean(cluster, names_of(run))
 
 
 def test_deadline_exceeded(cluster: LocalCluster, operator: OperatorProcess,

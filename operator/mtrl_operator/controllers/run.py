@@ -37,6 +37,7 @@ from mtrl_operator.reconcile.observe import (
     trainer_report,
     trainer_state,
     with_cause,
+    with_placement,
 )
 from mtrl_operator.reconcile.run import (
     CONDITION_TYPES,
@@ -341,13 +342,15 @@ class Controller:
                 refs.trainer_kind, refs.trainer_name = kind, names.trainer(status.attempts)
             progress_cm = await self.kube.get("ConfigMap", names.progress_config_map,
                                               names.namespace) or progress_cm
-        if current is not None and current.state == TrainerState.FAILED and not deleting and \
-                not status.phase.finished:
-            # The trainer's own words, read while its pods are still there: the next action
-            # deletes the workload, and the run's message keeps them.
+        if current is not None and current.state in (TrainerState.FAILED, TrainerState.PENDING) \
+                and not deleting and not status.phase.finished:
+            # A failed trainer's own words, read while its pods are still there (the next
+            # action deletes the workload; the run's message keeps them); a pending one's
+            # pods, in case the scheduler cannot place them.
             pods = await self.kube.labelled("Pod", names.namespace, {
                 **names.labels("trainer"), LABEL_ATTEMPT: str(current.attempt)})
-            current = with_cause(current, pods)
+            current = (with_cause(current, pods) if current.state == TrainerState.FAILED
+                       else with_placement(current, pods))
         if spec is not None and trainers:
             refs.config_map = names.config_map
         reported_attempt, outcome = trainer_report(progress_cm) if progress_cm else (None, None)

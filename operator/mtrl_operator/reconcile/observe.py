@@ -103,6 +103,21 @@ def with_cause(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerO
     return trainer
 
 
+def with_placement(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerObserved:
+    """A pending trainer whose pod the scheduler could not place, with the scheduler's own
+    words ("0/12 nodes are available: 12 Insufficient nvidia.com/gpu. ..."), instead of
+    waiting in silence for a node that may never come."""
+    for pod in pods:
+        for condition in (pod.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("status") == "False" \
+                    and condition.get("reason") == "Unschedulable":
+                return TrainerObserved(trainer.attempt, trainer.state,
+                                       f"its pod cannot be scheduled: "
+                                       f"{(condition.get('message') or '').strip()[:MAX_CAUSE]}",
+                                       unschedulable=True)
+    return trainer
+
+
 def _progress_json(obj: dict[str, Any]) -> dict[str, Any]:
     try:
         data = json.loads((obj.get("data") or {}).get(PROGRESS_KEY) or "{}")

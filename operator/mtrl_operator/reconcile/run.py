@@ -68,6 +68,7 @@ class TrainerObserved:
     state: TrainerState
     message: str = ""
     config_error: bool = False  # the trainer said retrying cannot help
+    unschedulable: bool = False  # the scheduler said no node fits its pods
 
 
 @dataclass(frozen=True)
@@ -408,7 +409,10 @@ def _trainer(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision:
     if trainer.state == TrainerState.FAILED:
         return _failed_attempt(st, spec, trainer)
     running = trainer.state == TrainerState.RUNNING
-    st.cond("TrainerReady", running, trainer.state.value, trainer.message)
+    st.cond("TrainerReady", running,
+            "Unschedulable" if trainer.unschedulable else trainer.state.value, trainer.message)
+    if trainer.unschedulable:  # say so on the run, not only in its condition
+        st.s.message = f"waiting for the trainer (attempt {attempt}): {trainer.message}"
     if running:
         st.cond("Progressing", True, "Training", f"step {st.s.progress.display}")
         st.phase(Phase.RUNNING, f"training: step {st.s.progress.display}")

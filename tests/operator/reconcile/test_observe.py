@@ -16,6 +16,7 @@ from mtrl_operator.reconcile.observe import (
     trainer_report,
     trainer_state,
     with_cause,
+    with_placement,
 )
 from mtrl_operator.reconcile.run import TrainerObserved, TrainerState
 from mtrl_operator.settings import Settings
@@ -182,3 +183,20 @@ def test_a_failed_trainer_is_told_in_its_own_words(
     told = with_cause(JOB_FAILED, pods)
     assert (told.message, told.config_error) == (message, config_error)
     assert (told.attempt, told.state) == (1, TrainerState.FAILED)
+
+
+UNSCHEDULABLE = {"status": {"phase": "Pending", "conditions": [
+    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+     "message": "0/12 nodes are available: 12 Insufficient nvidia.com/gpu. preemption: 0/12 "
+                "nodes are available: 12 No preemption victims found for incoming pod."}]}}
+
+
+def test_a_pending_trainer_the_scheduler_cannot_place_says_why() -> None:
+    pending = TrainerObserved(1, TrainerState.PENDING, "waiting for trainer pods")
+    told = with_placement(pending, [{"status": {"phase": "Pending"}}, UNSCHEDULABLE])
+    assert told.unschedulable and told.state == TrainerState.PENDING
+    assert told.message.startswith("its pod cannot be scheduled: 0/12 nodes are available: 12 "
+                                   "Insufficient nvidia.com/gpu.")
+    scheduled = {"status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}
+    assert with_placement(pending, [scheduled]) == pending
+    assert with_placement(pending, []) == pending

@@ -322,3 +322,13 @@ def test_the_reward_is_shown_to_three_decimals() -> None:
     d = decide(ready(progress=Progress(step=3, reward_mean=0.0104166666)))
     assert d.status.progress.reward_display == "0.010"
     assert decide(ready(progress=Progress(step=3))).status.progress.reward_display == ""
+
+
+def test_an_unschedulable_trainer_is_said_on_the_run() -> None:
+    told = "its pod cannot be scheduled: 0/2 nodes are available: 2 node(s) didn't match Pod's " \
+           "node affinity/selector."
+    d = decide(ready(trainer=TrainerObserved(1, TrainerState.PENDING, told, unschedulable=True)))
+    assert d.status.message == f"waiting for the trainer (attempt 1): {told}"
+    trainer_ready = next(c for c in d.status.conditions if c.type == "TrainerReady")
+    assert (trainer_ready.status, trainer_ready.reason) == ("False", "Unschedulable")
+    assert d.status.phase == Phase.PROVISIONING
