@@ -37,7 +37,10 @@ test: install tools ## the full test suite against a real kube-apiserver and mot
 cluster-up: install tools ## start the local control plane in $(CLUSTER_DIR)/ and leave it running
 	$(BIN)/python -m mtrl_testbed --dir $(CLUSTER_DIR) up
 
-cluster-down: install ## stop the local control plane
+dev-up: install tools ## the demo's setup, left running: control plane, moto, bucket, operator; prints the exports
+	$(BIN)/python -m mtrl_testbed --dir $(CLUSTER_DIR) up --operator
+
+cluster-down: install ## stop the local control plane (and what dev-up started)
 	$(BIN)/python -m mtrl_testbed --dir $(CLUSTER_DIR) down
 
 moto: install ## run a moto server on 127.0.0.1:5000 in the foreground
@@ -80,5 +83,5 @@ soak: install tools ## bounded soak (SOAK_MINUTES, default 30): flat memory, no 
 clean: ## remove the venv and local state (not the cached binaries)
 	rm -rf $(VENV) $(CLUSTER_DIR) out .pytest_cache .ruff_cache
 
-.PHONY: help install tools crds lint test cluster-up cluster-down moto demo e2e-kind bench soak clean \
+.PHONY: help install tools crds lint test cluster-up dev-up cluster-down moto demo e2e-kind bench soak clean \
 	bench-wheels bench-wheels-cpu gpu-check

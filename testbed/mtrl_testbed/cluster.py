@@ -350,6 +350,14 @@ class LocalCluster:
         (self.root / "state.json").write_text(json.dumps(state, indent=2))
 
 
+def adopt_detached(root: Path, name: str, pid: int) -> None:
+    """Have `stop_detached` stop one more process (a session leader) with the cluster."""
+    state_file = root / "state.json"
+    state = json.loads(state_file.read_text())
+    state["pids"][name] = pid
+    state_file.write_text(json.dumps(state, indent=2))
+
+
 def stop_detached(root: Path) -> bool:
     """Stop a cluster started by `python -m mtrl_testbed up` (which outlives its launcher)."""
     state_file = root / "state.json"

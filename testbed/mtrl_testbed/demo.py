@@ -20,14 +20,12 @@ import boto3
 import yaml
 
 from mtrl_operator.naming import LABEL_RUN_UID, RunNames
+from mtrl_testbed import local
 from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
 from mtrl_testbed.moto import MotoServer
 
-EXAMPLE = REPO_ROOT / "manifests" / "examples" / "tiny-cpu.yaml"
-CHART = REPO_ROOT / "charts" / "mtrl-operator"
+EXAMPLE = local.EXAMPLE
 TIMEOUT_S = 900
-# The chart's defaults (two replicas, one leading), with faster loops for a short demo.
-CHART_VALUES = ['operator={"resyncSeconds":5,"sweepIntervalSeconds":60}']
 
 
 def _terminal_plot(rewards: dict[int, float], height: int = 8) -> str:
@@ -74,18 +72,9 @@ def main() -> int:
     installed = False
     t0 = time.monotonic()
     try:
-        env = moto.env()
-        (root / "pod-env.json").write_text(json.dumps(env))
-        os.environ.update(env)
-        cluster.install_crds(REPO_ROOT / "crds")
+        os.environ.update(moto.env())
         run = yaml.safe_load(EXAMPLE.read_text())
-        bucket = run["spec"]["output"]["s3Uri"].split("/")[2]
-        boto3.client("s3").create_bucket(
-            Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": env["AWS_REGION"]})
-        print("== helm install mtrl-operator charts/mtrl-operator -n mtrl-system")
-        sets = [arg for value in CHART_VALUES for arg in ("--set-json", value)]
-        cluster.helm("install", "mtrl-operator", str(CHART), "-n", "mtrl-system",
-                     "--create-namespace", "--wait", "--timeout", "180s", *sets)
+        bucket = local.install(cluster, moto, root)
         installed = True
         print(f"== kubectl apply -f {EXAMPLE.relative_to(REPO_ROOT)}")
         cluster.kubectl("apply", "-f", str(EXAMPLE))

@@ -25,6 +25,7 @@ class MotoServer:
 
     port: int = field(default_factory=free_port)
     log_path: Path | None = None
+    detached: bool = False  # a session of its own: it outlives its launcher (`up --operator`)
     _proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -54,6 +55,7 @@ class MotoServer:
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"},
+            start_new_session=self.detached,
         )
         wait_until(self._ready, timeout, f"moto server on {self.endpoint}")
         return self
