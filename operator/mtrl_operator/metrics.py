@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RUNS_BY_PHASE = Gauge("mtrl_runs", "Runs by phase", ["phase"])
@@ -23,6 +26,36 @@ TRIGGER_OBJECTS = Counter("mtrl_trigger_objects_total", "Object notifications by
 TRIGGER_MALFORMED = Counter("mtrl_trigger_malformed_notifications_total",
                             "Messages that were no S3 notification, moved to the dead-letter "
                             "queue")
+
+# Each run's latest training figures, from its status (what `kubectl get` shows), labelled by
+# the run; a run's series go when the run does. Keys are status.progress fields.
+RUN_FIGURES = {
+    "step": Gauge("mtrl_run_step", "Training steps done", ["namespace", "run"]),
+    "rewardMean": Gauge("mtrl_run_reward_mean", "Mean aggregate reward of the latest step",
+                        ["namespace", "run"]),
+    "successRate": Gauge("mtrl_run_success_rate", "Episodes of the latest step that succeeded",
+                         ["namespace", "run"]),
+    "zeroVarianceFraction": Gauge("mtrl_run_zero_variance_fraction",
+                                  "Groups of the latest step whose rewards were all equal",
+                                  ["namespace", "run"]),
+    "validationSuccessRate": Gauge("mtrl_run_validation_success_rate",
+                                   "Validation success rate at the latest evaluation",
+                                   ["namespace", "run"]),
+}
+
+
+def set_run_figures(namespace: str, run: str, progress: dict[str, Any]) -> None:
+    """Export what a run's status.progress says; a figure it does not have yet is left out."""
+    for key, gauge in RUN_FIGURES.items():
+        value = progress.get(key)
+        if value is not None:
+            gauge.labels(namespace=namespace, run=run).set(value)
+
+
+def forget_run(namespace: str, run: str) -> None:
+    for gauge in RUN_FIGURES.values():
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, run)
 
 
 def serve(port: int) -> None:

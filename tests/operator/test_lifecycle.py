@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import urllib.request
 import uuid
 from collections.abc import Callable
 
@@ -172,6 +174,38 @@ def test_a_trainer_no_node_can_take_says_so(cluster: LocalCluster, operator: Ope
     assert condition(run, "TrainerReady")["reason"] == "Unschedulable"
     cluster.kubectl("delete", "mtrlrun", "nowhere", "-n", namespace, "--timeout=60s")
     wait_clean(cluster, names_of(run))
+
+
+# A trainer that reports two steps to its progress ConfigMap, then waits to be told to finish.
+REPORTS_THEN_WAITS = ["python", "-c", (
+    "import os, time\n"
+    "from mtrl_trainer.progress import ConfigMapSink\n"
+    "sink = ConfigMapSink(os.environ['MTRL_PROGRESS_CONFIGMAP'], os.environ['MTRL_NAMESPACE'])\n"
+    "for step in (1, 2):\n"
+    "    sink.report({'step': step, 'totalSteps': 4, 'rewardMean': step / 4,\n"
+    "                 'successRate': 0.5, 'zeroVarianceFraction': 0.25})\n"
+    "time.sleep(600)\n")]
+
+
+def _figures(operator: OperatorProcess, namespace: str, run: str) -> dict[str, float]:
+    """The run's series on the operator's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics",
+                                timeout=5) as resp:
+        text = resp.read().decode()
+    pattern = rf'^(mtrl_run_\w+)\{{namespace="{namespace}",run="{run}"\}} (\S+)$'
+    return {name: float(value) for name, value in re.findall(pattern, text, re.M)}
+
+
+def test_each_runs_training_figures_are_on_the_metrics_endpoint(
+        cluster: LocalCluster, operator: OperatorProcess, namespace: str) -> None:
+    apply(cluster, namespace, run_manifest("measured", trainer={"command": REPORTS_THEN_WAITS}))
+    figures = wait_for(lambda: (f := _figures(operator, namespace, "measured")) and
+                       f.get("mtrl_run_step") == 2 and f, 90, "step 2 on /metrics")
+    assert figures == {"mtrl_run_step": 2, "mtrl_run_reward_mean": 0.5,
+                       "mtrl_run_success_rate": 0.5, "mtrl_run_zero_variance_fraction": 0.25}
+    cluster.kubectl("delete", "mtrlrun", "measured", "-n", namespace, "--timeout=90s")
+    wait_for(lambda: not _figures(operator, namespace, "measured"), 30,
+             "the deleted run's series to go")
 
 
 def test_deadline_exceeded(cluster: LocalCluster, operator: OperatorProcess,

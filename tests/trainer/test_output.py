@@ -6,6 +6,7 @@ spec.output.resumeFrom says so, and a checkpoint that cannot be used is a config
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 
 import boto3
@@ -39,6 +40,13 @@ def _history(run: TrainingRun, spec: dict, step: int) -> list[dict]:
     return state["history"]
 
 
+def _metrics(run: TrainingRun, spec: dict) -> list[dict]:
+    """The run's metrics.jsonl: one report per step."""
+    bucket, _, prefix = run.output_uri(spec).removeprefix("s3://").partition("/")
+    body = boto3.client("s3").get_object(Bucket=bucket, Key=f"{prefix}/metrics.jsonl")["Body"]
+    return [json.loads(line) for line in body.read().decode().splitlines()]
+
+
 def test_runs_sharing_an_output_prefix_train_apart_and_resume_only_when_told(
         training_runs: Callable[[], TrainingRun]) -> None:
     first, second, third = training_runs(), training_runs(), training_runs()
@@ -49,6 +57,7 @@ def test_runs_sharing_an_output_prefix_train_apart_and_resume_only_when_told(
 
     _train(first, spec, "first")
     first_history = _history(first, spec, 2)
+    assert [m["step"] for m in _metrics(first, spec)] == [1, 2]
     # Same spec, same s3Uri, another run: it starts from the base model, in its own folder.
     log = _train(second, spec, "second")
     assert "resumed" not in log
@@ -66,6 +75,9 @@ def test_runs_sharing_an_output_prefix_train_apart_and_resume_only_when_told(
     history = _history(third, resumed, 3)
     assert [h["step"] for h in history] == [1, 2, 3]
     assert history[:2] == first_history
+    metrics = _metrics(third, resumed)  # its own folder's history begins where it began
+    assert [m["step"] for m in metrics] == [3] and metrics[0]["outcome"] == "Succeeded"
+    assert {"rewardMean", "successRate", "zeroVarianceFraction", "components"} <= set(metrics[0])
 
     # A resume that cannot be done is a configuration error, named, before any training.
     fourth = training_runs()

@@ -36,6 +36,7 @@ from mtrl_trainer.orchestration import Orchestrator, Rollouts, RolloutSettings
 from mtrl_trainer.progress import (
     ConfigMapSink,
     FileSink,
+    MetricsHistory,
     Progress,
     ProgressReport,
     ProgressSink,
@@ -264,7 +265,7 @@ class Run:
             await asyncio.to_thread(self.store.save, self.policy.model, self.state)
 
     def _sinks(self) -> list[ProgressSink]:
-        sinks: list[ProgressSink] = []
+        sinks: list[ProgressSink] = [MetricsHistory(self.config.output_uri, self.state.step)]
         if self.config.progress_file is not None:
             sinks.append(FileSink(self.config.progress_file))
         if self.config.progress_config_map and self.config.namespace:

@@ -101,6 +101,37 @@ class ConfigMapSink:
                            patch_type=PatchType.MERGE)
 
 
+class MetricsHistory:
+    """Every step's report, one JSON line per step, in <run's output folder>/metrics.jsonl.
+    S3 has no append: the object is rewritten after each step (a few hundred bytes a step).
+    A resumed trainer keeps the lines of the steps its checkpoint holds and drops the later
+    ones, which it trains again."""
+
+    KEY = "metrics.jsonl"
+
+    def __init__(self, output_uri: str, resumed_step: int, client: Any | None = None) -> None:
+        from mtrl_trainer import s3
+
+        self._s3 = client or s3.client()
+        self.bucket, prefix = s3.parse_s3_uri(output_uri)
+        self.key = s3.join(prefix, self.KEY)
+        self._lines: dict[int, str] = {}
+        if resumed_step:
+            try:
+                body = self._s3.get_object(Bucket=self.bucket, Key=self.key)["Body"].read()
+            except self._s3.exceptions.NoSuchKey:
+                body = b""
+            for line in body.decode().splitlines():
+                step = json.loads(line).get("step", 0)
+                if step <= resumed_step:
+                    self._lines[step] = line
+
+    def report(self, body: dict[str, Any]) -> None:
+        self._lines[body["step"]] = json.dumps(body)
+        text = "".join(f"{self._lines[step]}\n" for step in sorted(self._lines))
+        self._s3.put_object(Bucket=self.bucket, Key=self.key, Body=text.encode())
+
+
 SUCCEEDED = "Succeeded"
 
 

@@ -126,6 +126,7 @@ class Controller:
         key = (meta["namespace"], meta["name"])
         if event_type == "DELETED":
             self._track_phase(key, None)
+            metrics.forget_run(*key)
             self.polls.pop(key, None)
             self.failures.pop(key, None)
             self.expected.pop(key, None)
@@ -379,6 +380,7 @@ class Controller:
             if version is not None:
                 self.expected[key] = Expected(version, new, time.monotonic() + EXPECTATION_S)
             self._track_phase(key, new["phase"])
+            metrics.set_run_figures(key[0], key[1], new.get("progress") or {})
         for event in decision.events:
             await self.kube.event(body, event.type, event.reason, event.message)
 
