@@ -376,7 +376,12 @@ class Controller:
         if new != old:
             key = (meta["namespace"], meta["name"])
             version = await self.kube.apply_status(key[0], key[1], new, CONDITION_TYPES)
-            body["status"] = new  # our cache sees our own write before the watch echoes it
+            body["status"] = new  # the rest of this reconcile sees our own write
+            # So does the cache, which the watch may have refreshed since this reconcile read
+            # it (the echo of an earlier write of ours, with the status this one replaces).
+            cached = self.runs.get(key)
+            if cached is not None and cached is not body:
+                self.runs[key] = {**cached, "status": new}
             if version is not None:
                 self.expected[key] = Expected(version, new, time.monotonic() + EXPECTATION_S)
             self._track_phase(key, new["phase"])

@@ -91,7 +91,8 @@ def test_the_echo_of_our_own_status_write_costs_no_reconcile() -> None:
 
 
 class _StatusWriter:
-    """Kube's status write as the API server answers it: the write's new resourceVersion."""
+    """Kube's status write as the API server answers it: the write's new resourceVersion
+    (3, then 4, ...)."""
 
     def __init__(self) -> None:
         self.writes: list[dict[str, Any]] = []
@@ -99,7 +100,7 @@ class _StatusWriter:
     async def apply_status(self, namespace: str, name: str, status: dict[str, Any],
                            own: frozenset[str]) -> str:
         self.writes.append(status)
-        return "3"
+        return str(2 + len(self.writes))
 
 
 async def test_an_event_from_before_our_status_write_does_not_undo_it() -> None:
@@ -132,6 +133,30 @@ async def test_an_event_from_before_our_status_write_does_not_undo_it() -> None:
     later = {**_body("Failed"), "spec": {"a": 1}}
     later["metadata"]["resourceVersion"] = "4"
     controller.on_run("MODIFIED", later)
+    assert controller.runs[("ns", "run")]["status"]["phase"] == "Failed"
+
+
+async def test_a_second_write_in_one_reconcile_outranks_the_first_ones_echo() -> None:
+    """A reconcile that writes twice (Provisioning, then Failed when an action finds the spec
+    cannot run): the first write's echo may replace the cached copy between the two. The
+    second write must still be what the cache holds until its own echo, or the next
+    reconcile provisions the failed run again."""
+    writer = _StatusWriter()
+    controller = Controller(Settings(), kube=writer, aws=None)  # type: ignore[arg-type]
+    controller.queue = _RecordingQueue()  # type: ignore[assignment]
+    body = {**_body("Pending"), "spec": {"a": 1}}
+    body["metadata"]["resourceVersion"] = "1"
+    controller.on_run("ADDED", body)
+    working = controller.runs[("ns", "run")]
+    await controller._publish(working, Decision([], MultiTurnRLRunStatus(phase=Phase.PROVISIONING)))
+    echo = {**_body("Provisioning"), "spec": {"a": 1}}
+    echo["metadata"]["resourceVersion"] = "3"
+    controller.on_run("MODIFIED", echo)  # the first write's echo, while the actions run
+    await controller._publish(working, Decision([], MultiTurnRLRunStatus(phase=Phase.FAILED)))
+    assert controller.runs[("ns", "run")]["status"]["phase"] == "Failed"
+    late = {**_body("Provisioning"), "spec": {"a": 1}}
+    late["metadata"]["resourceVersion"] = "3"  # delivered again, or another copy of it
+    controller.on_run("MODIFIED", late)
     assert controller.runs[("ns", "run")]["status"]["phase"] == "Failed"
 
 
