@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 
 from mtrl_operator.naming import RunNames
 from mtrl_testbed.cluster import LocalCluster
+from mtrl_testbed.moto import REGION
 from mtrl_testbed.operator import OperatorProcess
 from tests.operator.runs import (
     aws_leftovers,
@@ -234,6 +235,8 @@ def test_missing_ecs_resources_fail_the_run_and_deletion_completes(
                      "every run with a missing ECS resource to fail")
         failed_after = time.monotonic() - began
         phases = {r.name: _phase(cluster, r) for r in runs}
+        said = {r.name: ((get(cluster, namespace, r.name) or {}).get("status") or {})
+                .get("message", "") for r in runs}
         cluster.kubectl("delete", "mtrlrun", "--all", "-n", namespace, "--wait=false")
         began = time.monotonic()
         with contextlib.suppress(AssertionError):
@@ -248,3 +251,7 @@ def test_missing_ecs_resources_fail_the_run_and_deletion_completes(
         _teardown(cluster, [Accepted({}, r) for r in runs])
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
     assert all(p == "Failed" for p in phases.values()) and not left, (phases, left)
+    # Each says what is missing, and where.
+    assert said["no-cluster"].startswith("ECS cluster 'does-not-exist' was not found in "
+                                         f"{REGION} (RunTask)"), said
+    assert "subnet-0000000000000dead" in said["no-subnet"] and REGION in said["no-subnet"], said

@@ -114,8 +114,8 @@ class Aws:
         except ClientError as exc:
             code = exc.response["Error"].get("Code", "?")
             if code in SPEC_ERROR_CODES:
-                raise SpecError(code, f"{op}: {exc.response['Error'].get('Message', code)}") \
-                    from exc
+                raise SpecError(code, f"{op} in {self.region}: "
+                                      f"{exc.response['Error'].get('Message', code)}") from exc
             raise
 
     # ------------------------------------------------------------------ queues
@@ -228,7 +228,14 @@ class Aws:
     async def run_tasks(self, requests: list[dict[str, Any]]) -> list[str]:
         started = []
         for req in requests:
-            resp = await self._call(self.ecs, "run_task", **req)
+            try:
+                resp = await self._call(self.ecs, "run_task", **req)
+            except SpecError as exc:
+                if exc.reason != "ClusterNotFoundException":
+                    raise
+                raise SpecError(exc.reason, f"ECS cluster {req['cluster']!r} was not found in "
+                                            f"{self.region} (RunTask): set spec.workers.ecs."
+                                            "cluster or the operator's MTRL_ECS_CLUSTER") from exc
             metrics.RESOURCES_CREATED.labels(kind="task").inc(len(resp.get("tasks", [])))
             started += [t["taskArn"] for t in resp.get("tasks", [])]
             if resp.get("failures"):
