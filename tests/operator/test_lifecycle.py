@@ -33,12 +33,6 @@ from tests.operator.runs import (
 pytestmark = [pytest.mark.cluster, pytest.mark.aws, pytest.mark.slow]
 
 
-def _events(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
-    out = cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
-                          f"involvedObject.name={name}", "-o", "json")
-    return [e["reason"] for e in json.loads(out.stdout)["items"]]
-
-
 def _messages(cluster: LocalCluster, namespace: str, name: str) -> dict[str, list[str]]:
     out = cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
                           f"involvedObject.name={name}", "-o", "json")
@@ -46,6 +40,12 @@ def _messages(cluster: LocalCluster, namespace: str, name: str) -> dict[str, lis
     for event in json.loads(out.stdout)["items"]:
         said.setdefault(event["reason"], []).append(event["message"])
     return said
+
+
+def _events(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
+    """The reasons of the run's Events, one per Event."""
+    return [reason for reason, messages in _messages(cluster, namespace, name).items()
+            for _ in messages]
 
 
 def test_happy_path_kubernetes_workers(cluster: LocalCluster, operator: OperatorProcess,

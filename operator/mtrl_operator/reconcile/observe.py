@@ -157,16 +157,24 @@ def known_environments() -> frozenset[str]:
 
 
 @functools.cache
-def environment_parameters(environment: str) -> tuple[str, ...] | None:
-    """The keyword arguments a known environment takes (spec.rollout.environmentArgs become
-    them, `Environment(**args)`), or None for one the operator does not know."""
+def _environment_class(environment: str) -> Any | None:
+    """The class of an environment this distribution ships, or None when the operator does
+    not know it (an operator-only install, or a plug-in only a custom worker image has)."""
     try:
         from mtrl_worker.environments.registry import UnknownEnvironment, environment_class
     except ImportError:
         return None
     try:
-        cls = environment_class(environment)
+        return environment_class(environment)
     except (UnknownEnvironment, ImportError):
+        return None
+
+
+@functools.cache
+def environment_parameters(environment: str) -> tuple[str, ...] | None:
+    """The keyword arguments a known environment takes (spec.rollout.environmentArgs become
+    them, `Environment(**args)`), or None for one the operator does not know."""
+    if (cls := _environment_class(environment)) is None:
         return None
     return tuple(name for name, p in inspect.signature(cls).parameters.items()
                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
@@ -176,30 +184,19 @@ def environment_parameters(environment: str) -> tuple[str, ...] | None:
 def generates_tasks(environment: str) -> bool | None:
     """Whether a known environment makes its own tasks (spec.dataset.generated), or None for
     one the operator does not know."""
-    try:
-        from mtrl_worker.environments.registry import UnknownEnvironment, environment_class
-    except ImportError:
+    if (cls := _environment_class(environment)) is None:
         return None
-    try:
-        return environment_class(environment).generate_tasks(1, "train") is not None
-    except (UnknownEnvironment, ImportError):
-        return None
+    return cls.generate_tasks(1, "train") is not None
 
 
 @functools.cache
 def reward_components(environment: str) -> tuple[str, ...] | None:
-    """The reward components an environment this distribution ships declares (its
-    `components`, which the workers' `resolve_weights` checks spec.reward against), or None
-    when the operator does not know the environment (an operator-only install, or a plug-in
-    only a custom worker image has)."""
-    try:
-        from mtrl_worker.environments.registry import UnknownEnvironment, environment_class
-    except ImportError:
+    """The reward components a known environment declares (its `components`, which the
+    workers' `resolve_weights` checks spec.reward against), or None for one the operator does
+    not know."""
+    if (cls := _environment_class(environment)) is None:
         return None
-    try:
-        return tuple(c.name for c in environment_class(environment).components)
-    except (UnknownEnvironment, ImportError):
-        return None
+    return tuple(c.name for c in cls.components)
 
 
 def spec_problem(spec: MultiTurnRLRunSpec, settings: Settings) -> tuple[str, str] | None:
