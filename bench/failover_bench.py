@@ -27,7 +27,7 @@ import boto3
 from mtrl_operator.naming import QUEUE_ROLES, RunNames
 from mtrl_testbed import census, replicas
 from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
-from mtrl_testbed.moto import MotoServer
+from mtrl_testbed.moto import EXECUTION_ROLE_ARN, MotoServer
 from mtrl_testbed.ports import wait_until
 
 CHART = REPO_ROOT / "charts" / "mtrl-operator"
@@ -45,7 +45,8 @@ def run_manifest(name: str, subnet: str, group: str) -> dict[str, Any]:
             "trainer": {"gpusPerNode": 0, "efaPerNode": 0, "command": HANG},
             "rollout": {"environment": "target"},
             "workers": {"backend": "ecs-fargate", "cpu": 256, "memory": 512, "minReplicas": 1,
-                        "maxReplicas": 2, "ecs": {"subnets": [subnet], "securityGroups": [group]}},
+                        "maxReplicas": 2, "ecs": {"subnets": [subnet], "securityGroups": [group],
+                                "executionRoleArn": EXECUTION_ROLE_ARN}},
             "dataset": {"inline": {"train": [{"target": "a"}]}},
             "output": {"s3Uri": "s3://bench-outputs/runs"},
         },
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(moto.env())
         (root / "pod-env.json").write_text(json.dumps(moto.env()))
         subnet, group = moto.prepare_fargate()
+        moto.bucket("bench-outputs")  # the runs' output bucket, which preflight checks
         cluster.helm("install", "mtrl-operator", str(CHART), "-n", RELEASE_NS,
                      "--create-namespace", "--wait", "--timeout", "300s")
         cluster.kubectl("create", "namespace", RUNS_NS)

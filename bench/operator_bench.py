@@ -35,7 +35,7 @@ from mtrl_operator.adapters.kube import MultiTurnRLRun
 from mtrl_operator.naming import RunNames
 from mtrl_testbed import census
 from mtrl_testbed.cluster import LocalCluster
-from mtrl_testbed.moto import MotoServer
+from mtrl_testbed.moto import EXECUTION_ROLE_ARN, MotoServer
 from mtrl_testbed.operator import OperatorProcess
 
 POLL = 0.02
@@ -51,7 +51,8 @@ def _run(name: str, subnet: str, group: str) -> dict[str, Any]:
                         "command": ["python", "-c", "import time; time.sleep(2)"]},
             "rollout": {"environment": "target"},
             "workers": {"backend": "ecs-fargate", "cpu": 256, "memory": 512, "minReplicas": 2,
-                        "maxReplicas": 2, "ecs": {"subnets": [subnet], "securityGroups": [group]}},
+                        "maxReplicas": 2, "ecs": {"subnets": [subnet], "securityGroups": [group],
+                                "executionRoleArn": EXECUTION_ROLE_ARN}},
             "dataset": {"inline": {"train": [{"target": "a"}]}},
             "output": {"s3Uri": "s3://bench-outputs/runs"},
         },
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         os.environ.update(moto.env())
         cluster.install_crds(Path(__file__).resolve().parents[1] / "crds")
         subnet, group = moto.prepare_fargate()
+        moto.bucket("bench-outputs")  # the runs' output bucket, which preflight checks
         operator = OperatorProcess(cluster, {**moto.env(), "MTRL_RESYNC_SECONDS": "30",
                                              "MTRL_SWEEP_INTERVAL_SECONDS": "0"},
                                    root / "operator.log").start()

@@ -49,7 +49,7 @@ from mtrl_operator.adapters.kube import MultiTurnRLRun, PyTorchJob
 from mtrl_testbed import census, chart_identity
 from mtrl_testbed.chart_identity import ChartIdentity
 from mtrl_testbed.cluster import LocalCluster
-from mtrl_testbed.moto import MotoServer
+from mtrl_testbed.moto import EXECUTION_ROLE_ARN, MotoServer
 from mtrl_testbed.operator import OperatorProcess
 from mtrl_testbed.ports import wait_until
 
@@ -69,7 +69,8 @@ def run_manifest(name: str, subnet: str, group: str) -> dict[str, Any]:
             "trainer": {"launcher": "PyTorchJob", "gpusPerNode": 8, "efaPerNode": 32},
             "rollout": {"environment": "target"},
             "workers": {"backend": "ecs-fargate", "cpu": 256, "memory": 512, "minReplicas": 1,
-                        "maxReplicas": 1, "ecs": {"subnets": [subnet], "securityGroups": [group]}},
+                        "maxReplicas": 1, "ecs": {"subnets": [subnet], "securityGroups": [group],
+                                "executionRoleArn": EXECUTION_ROLE_ARN}},
             "dataset": {"inline": {"train": [{"target": "a"}]}},
             "output": {"s3Uri": "s3://bench-outputs/runs"},
         },
@@ -205,6 +206,7 @@ def measure(cluster: LocalCluster, moto: MotoServer, identity: ChartIdentity, ro
             timeout: float) -> dict[str, Any]:
     moto.reset()
     subnet, group = moto.prepare_fargate()
+    moto.bucket("bench-outputs")  # the runs' output bucket, which preflight checks
     # Deleting 500 runs in one call takes longer than lightkube's default 10 s.
     client = Client(KubeConfig.from_file(str(cluster.kubeconfig)), timeout=httpx2.Timeout(300))
     namespace = f"scale-{n}"

@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.install_crds(REPO / "crds")
         cluster.install_crds(PYTORCHJOB_CRD)
         subnet, group = moto.prepare_fargate()
+        moto.bucket("bench-outputs")  # the runs' output bucket, which preflight checks
         client = Client(KubeConfig.from_file(str(cluster.kubeconfig)),
                         timeout=httpx2.Timeout(120))
         client.create(Namespace.from_dict({"metadata": {"name": NAMESPACE}}))

@@ -18,12 +18,14 @@ import pytest
 from mtrl_testbed import chart_identity
 from mtrl_testbed.chart_identity import ChartIdentity
 from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
-from mtrl_testbed.moto import MotoServer
+from mtrl_testbed.moto import EXECUTION_ROLE_ARN, MotoServer
 from mtrl_testbed.operator import OperatorProcess
 from mtrl_testbed.ports import wait_until
 
 ARTIFACTS = Path(os.environ.get("MTRL_TEST_ARTIFACTS", REPO_ROOT / "out" / "test"))
 LOG_TAIL_LINES = 40
+OUTPUT_BUCKET = "mtrl-test-outputs"
+TEST_PRICE = 3600.0  # USD per node-hour the shared operator charges: a dollar a node-second
 
 
 _STARTED = pytest.StashKey[float]()
@@ -72,6 +74,7 @@ def aws_env(moto_server: MotoServer) -> Iterator[dict[str, str]]:
     env = moto_server.env()
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    moto_server.bucket(OUTPUT_BUCKET)  # tests/operator/runs.py's spec.output.s3Uri (preflight)
     yield env
     for key, value in saved.items():
         if value is None:
@@ -125,7 +128,8 @@ def operator_factory(cluster: LocalCluster, moto_server: MotoServer, aws_env: di
     """Start `mtrl operator` processes against the local cluster and moto, as the chart's
     ServiceAccount unless given another kubeconfig."""
     subnet, group = moto_server.prepare_fargate()
-    network = {"MTRL_ECS_SUBNETS": subnet, "MTRL_ECS_SECURITY_GROUPS": group}
+    network = {"MTRL_ECS_SUBNETS": subnet, "MTRL_ECS_SECURITY_GROUPS": group,
+               "MTRL_ECS_EXECUTION_ROLE_ARN": EXECUTION_ROLE_ARN}
     started: list[OperatorProcess] = []
 
     def start(kubeconfig: Path | None = None, **env: str) -> OperatorProcess:
@@ -144,7 +148,8 @@ def operator_factory(cluster: LocalCluster, moto_server: MotoServer, aws_env: di
 def operator(operator_factory: Callable[..., OperatorProcess]) -> OperatorProcess:
     """One operator shared by the lifecycle tests (each test uses its own namespace). Request
     it before `namespace`, so the operator already watches when the namespace appears."""
-    proc = operator_factory(MTRL_OPERATOR_ID="shared", MTRL_NAMESPACES="t-*")
+    proc = operator_factory(MTRL_OPERATOR_ID="shared", MTRL_NAMESPACES="t-*",
+                            MTRL_INSTANCE_PRICES=f"ml.p5.48xlarge={TEST_PRICE}")
     wait_until(lambda: urllib.request.urlopen(
         f"http://127.0.0.1:{proc.health_port}/healthz", timeout=2).status == 200,
         60, "the shared operator's liveness endpoint")

@@ -207,6 +207,8 @@ def run_crd() -> dict[str, Any]:
          "description": "Reward workers ready/desired"},
         {"name": "Attempts", "type": "integer", "jsonPath": ".status.attempts",
          "description": "Trainer attempts started"},
+        {"name": "Cost", "type": "string", "jsonPath": ".status.cost.display",
+         "description": "Estimated trainer cost so far"},
         {"name": "Start", "type": "date", "jsonPath": ".status.startTime",
          "description": "When provisioning began"},
         {"name": "End", "type": "date", "jsonPath": ".status.completionTime",

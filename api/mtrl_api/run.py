@@ -41,6 +41,18 @@ S3Uri = Annotated[str, Field(max_length=1024, pattern=rf"^s3://{_BUCKET}(/.*)?$"
 S3ObjectUri = Annotated[str, Field(max_length=1024, pattern=rf"^s3://{_BUCKET}/[^/].*$",
                                    json_schema_extra=rules(*_BUCKET_RULES))]
 """An s3:// URI naming an object: a bucket and a key."""
+# The random-weight presets the reference trainer builds (mtrl_trainer.models.RANDOM_PRESETS).
+RANDOM_MODEL_PRESETS = ("tiny-qwen2", "tiny-llama", "tiny-gpt-oss")
+# A model is an s3:// prefix, a random preset, an absolute path, or a Hugging Face repo id:
+# [namespace/]name of letters, digits, "_", "-" and "." (huggingface_hub's validate_repo_id:
+# at most 96 characters a part, no "--" or "..", not starting or ending with "-" or ".").
+_HUB_PART = r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+ModelName = Annotated[str, Field(min_length=1, max_length=512, pattern=(
+    rf"^(s3://{_BUCKET}(/.*)?|random:({'|'.join(RANDOM_MODEL_PRESETS)})|/.+"
+    rf"|({_HUB_PART}/)?{_HUB_PART})$"), json_schema_extra=rules(
+        rule("self.startsWith('s3://') || self.startsWith('/') || "
+             "!(self.contains('--') || self.contains('..'))",
+             "a Hugging Face repo id has no '--' or '..'")))]
 # Kubernetes' quantity grammar (k8s.io/apimachinery/pkg/api/resource): binary suffixes Ki-Ei,
 # decimal m, k, M-E, or an exponent. A bare "K" is not one of them: the API server refuses the
 # Job made from it, so the schema refuses the run.
@@ -136,8 +148,10 @@ class LoraSpec(ApiModel):
 
 
 class ModelSpec(ApiModel):
-    name: Annotated[str, Field(min_length=1, max_length=512)]
-    """Base model: a Hugging Face model id, an s3:// prefix or a path in the trainer image."""
+    name: ModelName
+    """Base model: a Hugging Face model id (org/name), an s3:// prefix, an absolute path in the
+    trainer image, or random:<preset> (tiny-qwen2, tiny-llama, tiny-gpt-oss) for a tiny
+    random-weight model built from a config (tests and CPU demos; nothing is downloaded)."""
     revision: Annotated[str, Field(max_length=128)] | None = None
     """Model revision (branch, tag or commit) when `name` is a hub id."""
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
@@ -333,6 +347,15 @@ class EcsSpec(ApiModel):
     """IAM role the worker containers assume (SQS and S3 access)."""
     execution_role_arn: RoleArn | None = None
     """IAM role ECS uses to pull the image and write logs."""
+    log_group: Annotated[str, Field(min_length=1, max_length=512,
+                                    pattern=r"^[.\-_/#A-Za-z0-9]+$")] | None = None
+    """An existing CloudWatch Logs group for the workers' logs, which the operator neither
+    creates nor deletes. Default: a group of the run's own, /mtrl/<queue prefix>, created with
+    the workers, tagged with the run's UID and deleted with the run."""
+    log_retention_days: Literal[1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731,
+                                1096, 1827, 2192, 2557, 2922, 3288, 3653] = 30
+    """Days CloudWatch keeps the run's own worker logs (a value CloudWatch accepts). Default
+    30. The group goes when the run is deleted, whichever comes first."""
     platform_version: Annotated[str, Field(max_length=16)] = "LATEST"
     """Fargate platform version. Default LATEST."""
 
@@ -488,6 +511,11 @@ class LifecycleSpec(ApiModel):
     from the latest checkpoint."""
     active_deadline_seconds: int | None = Field(None, ge=1, le=31_536_000)
     """Fail the run (DeadlineExceeded) once it has been active this long."""
+    max_cost_usd: float | None = Field(None, gt=0.0, le=100_000_000.0, alias="maxCostUSD")
+    """Fail the run (BudgetExceeded) once the trainer's estimated cost reaches this many US
+    dollars: nodes x hours held x the operator's price for spec.trainer.instanceType (chart
+    value `pricing`). The money counterpart of activeDeadlineSeconds; needs a price for the
+    instance type."""
     backoff_limit: int = Field(3, ge=0, le=100)
     """Trainer failures the operator retries (each a new attempt resuming from the latest
     checkpoint) before the run fails, where the operator owns retries: launcher Job, and
@@ -578,6 +606,8 @@ class ResourceRefs(ApiModel):
     task_arns: Annotated[list[Annotated[str, Field(max_length=2048)]], Field(max_length=1000)] = Field(
         default_factory=list)
     """ECS tasks running the workers."""
+    log_group: Annotated[str, Field(max_length=512)] | None = None
+    """CloudWatch Logs group of the ECS workers' logs (streams worker/worker/<task id>)."""
     worker_deployment: Annotated[str, Field(max_length=253)] | None = None
     """Deployment running the workers (backend kubernetes)."""
     trainer_kind: Annotated[str, Field(max_length=63)] | None = None
@@ -599,6 +629,16 @@ class ComponentStats(ApiModel):
     """Fraction of groups in which this component was equal for every episode."""
 
 
+class ValidationPoint(ApiModel):
+    step: int = Field(ge=0)
+    """The step whose policy was evaluated."""
+    success_rate: float = Field(ge=0.0, le=1.0)
+    """Fraction of the validation tasks it solved, each played once."""
+
+
+VALIDATION_HISTORY = 64  # evaluations kept in status; metrics.jsonl has them all
+
+
 class Progress(ApiModel):
     step: int = Field(0, ge=0)
     """Optimizer steps completed."""
@@ -617,7 +657,17 @@ class Progress(ApiModel):
     zero_variance_fraction: float | None = Field(None, ge=0.0, le=1.0)
     """Fraction of the latest step's groups with all-equal rewards (no learning signal)."""
     validation_success_rate: float | None = Field(None, ge=0.0, le=1.0)
-    """Success rate on the validation split at the latest evaluation."""
+    """Success rate on the validation split at the latest evaluation (kept between
+    evaluations; dataset.evalIntervalSteps sets how often)."""
+    validation_step: int | None = Field(None, ge=0)
+    """The step of the latest evaluation."""
+    validation_history: Annotated[list[ValidationPoint], Field(
+        max_length=VALIDATION_HISTORY, json_schema_extra=list_map("step"))] = Field(
+        default_factory=list)
+    """Every evaluation's success rate by step, the newest last (at most 64)."""
+    latest_checkpoint: Annotated[str, Field(max_length=1300)] | None = None
+    """The newest committed checkpoint (<outputUri>/checkpoints/step-NNNNNN/), what a retry
+    resumes from."""
     tokens_per_second: float | None = Field(None, ge=0.0)
     """Trainer generation throughput in the latest step."""
     components: Annotated[list[ComponentStats], Field(
@@ -637,6 +687,21 @@ class WorkersStatus(ApiModel):
     """Workers running and healthy."""
     display: Annotated[str, Field(max_length=64)] = ""
     """ready/desired, for kubectl get."""
+
+
+class Cost(ApiModel):
+    node_seconds: float = Field(0.0, ge=0.0)
+    """Trainer node-seconds of the attempts that stopped running (nodes x seconds held)."""
+    running_since: datetime | None = None
+    """When the current trainer attempt started running; empty while none runs."""
+    gpu_hours: float = Field(0.0, ge=0.0)
+    """GPU-hours the trainer has held, at the last status write."""
+    usd: float | None = Field(None, ge=0.0)
+    """Estimated trainer cost in US dollars at the last status write: node-hours x the
+    operator's price for spec.trainer.instanceType (chart value `pricing`); empty without a
+    price. Workers and queues are not counted: the GPUs are the cost that matters."""
+    display: Annotated[str, Field(max_length=32)] = ""
+    """usd as $1,234.56 (or GPU-hours without a price), for kubectl get."""
 
 
 class MultiTurnRLRunStatus(ApiModel):
@@ -660,6 +725,9 @@ class MultiTurnRLRunStatus(ApiModel):
     the create call: a workload of this attempt that is gone later is never created again."""
     observed_attempt: int = Field(0, ge=0)
     """The newest trainer attempt whose workload the operator has seen exist."""
+    adapter_uri: Annotated[str, Field(max_length=1300)] | None = None
+    """The newest trained LoRA adapter, in peft format (<outputUri>/adapter/), once a
+    checkpoint is saved: what to serve."""
     output_uri: Annotated[str, Field(max_length=1200)] | None = None
     """Where this run writes its adapter (adapter/), checkpoints (checkpoints/) and metrics:
     <spec.output.s3Uri>/<namespace>/<name>/<uid>."""
@@ -669,6 +737,8 @@ class MultiTurnRLRunStatus(ApiModel):
     """Training progress reported by the trainer."""
     workers: WorkersStatus = Field(default_factory=WorkersStatus)
     """Reward worker readiness."""
+    cost: Cost = Field(default_factory=Cost)
+    """What the trainer's GPUs have cost so far."""
 
 
 def _immutability_rules() -> dict[str, Any]:

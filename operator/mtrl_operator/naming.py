@@ -107,6 +107,11 @@ class RunNames:
         return f"{self.aws_prefix}-workers"
 
     @property
+    def log_group(self) -> str:
+        """The ECS workers' own CloudWatch Logs group."""
+        return f"/mtrl/{self.aws_prefix}"
+
+    @property
     def started_by(self) -> str:
         """ECS `startedBy` (at most 36 characters): the UID without dashes."""
         return "mtrl" + self.uid.replace("-", "")[:32]

@@ -8,6 +8,7 @@ is what `mtrl operator --help` prints.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 import uuid
@@ -27,6 +28,23 @@ def _bool(value: str) -> bool:
     if lowered not in ("true", "false", "1", "0", "yes", "no"):
         raise ValueError(f"expected true or false, not {value!r}")
     return lowered in ("true", "1", "yes")
+
+
+@functools.cache
+def _prices(raw: str) -> dict[str, float]:
+    """`<instance type>=<USD per node-hour>,...` as a table."""
+    out = {}
+    for item in _csv(raw):
+        kind, sep, usd = item.partition("=")
+        try:
+            price = float(usd)
+        except ValueError:
+            price = -1.0
+        if not sep or not kind.strip() or price < 0:
+            raise ValueError(f"MTRL_INSTANCE_PRICES: {item!r} is not <instance type>=<USD per "
+                             "node-hour>")
+        out[kind.strip()] = price
+    return out
 
 
 def _doc(help: str, env: str | None = None, hidden: bool = False) -> dict[str, Any]:
@@ -49,6 +67,12 @@ class Settings:
         "comma-separated default security groups of Fargate tasks"))
     ecs_execution_role_arn: str = field(default="", metadata=_doc(
         "default ECS task execution role"))
+    preflight_nodes: bool = field(default=True, metadata=_doc(
+        "before a run starts, check that nodes of its instance type exist with the GPUs and "
+        "EFA devices it asks for; false on clusters that add nodes on demand (Karpenter)"))
+    instance_prices: str = field(default="", metadata=_doc(
+        "comma-separated <instance type>=<USD per node-hour> (chart value pricing), for "
+        "status.cost and spec.lifecycle.maxCostUSD"))
     sweep_interval_seconds: float = field(default=300.0, metadata=_doc(
         "orphan sweeper period; 0 turns it off"))
     resync_seconds: float = field(default=30.0, metadata=_doc(
@@ -101,6 +125,17 @@ class Settings:
         processes on one host (or a restarted pod of the same name) must never both believe
         they hold the Lease."""
         return f"{self.pod_name or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+    def __post_init__(self) -> None:
+        _ = self.prices  # a malformed price list stops the operator at start, not mid-run
+
+    def price(self, instance_type: str) -> float | None:
+        """USD per node-hour of `instance_type`, if the operator was given one."""
+        return self.prices.get(instance_type)
+
+    @property
+    def prices(self) -> dict[str, float]:
+        return _prices(self.instance_prices)
 
     @staticmethod
     def variable(name: str) -> str:

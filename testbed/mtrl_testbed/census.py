@@ -72,6 +72,17 @@ def _tagged_queues(key: str, value: str) -> list[str]:
         TagFilters=[{"Key": key, "Values": [value]}], ResourceTypeFilters=["sqs"])]
 
 
+def _log_groups(prefix: str) -> list[str]:
+    return [g["logGroupName"] for g in _pages(boto3.client("logs"), "describe_log_groups",
+                                              "logGroups", logGroupNamePrefix=prefix)]
+
+
+def run_logs(names: RunNames) -> list[str]:
+    """The run's own worker log group, if it exists: it outlives the finished run (that is
+    when its logs are read) and goes with the run, so it is not in `run_aws`."""
+    return [g for g in _log_groups(names.log_group) if g == names.log_group]
+
+
 def _nonempty(found: dict[str, list[str]]) -> dict[str, list[str]]:
     return {k: v for k, v in found.items() if v}
 
@@ -94,6 +105,7 @@ def all_aws(operator_id: str | None = None) -> dict[str, list[str]]:
         "queues": _queues(QUEUE_PREFIX),
         "tasks": _live_tasks(),
         "task_definitions": _task_definitions(lambda family: family.startswith(QUEUE_PREFIX)),
+        "log_groups": _log_groups(f"/mtrl/{QUEUE_PREFIX}"),
     }
     if operator_id:
         found["tagged_queues"] = _tagged_queues("mtrl.dev/operator-id", operator_id)

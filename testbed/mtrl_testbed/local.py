@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import boto3
 import yaml
 
 from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
@@ -26,9 +25,7 @@ def install(cluster: LocalCluster, moto: MotoServer, root: Path) -> str:
     (root / "pod-env.json").write_text(json.dumps(env))  # the node agent gives it to every pod
     cluster.install_crds(REPO_ROOT / "crds")
     run = yaml.safe_load(EXAMPLE.read_text())
-    bucket: str = run["spec"]["output"]["s3Uri"].split("/")[2]
-    boto3.client("s3").create_bucket(
-        Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": env["AWS_REGION"]})
+    bucket = moto.bucket(run["spec"]["output"]["s3Uri"].split("/")[2])
     print(f"== helm install {RELEASE} charts/mtrl-operator -n {RELEASE_NAMESPACE}", flush=True)
     sets = [arg for value in CHART_VALUES for arg in ("--set-json", value)]
     cluster.helm("install", RELEASE, str(CHART), "-n", RELEASE_NAMESPACE, "--create-namespace",

@@ -6,6 +6,7 @@ makes the same HTTP calls it would make to AWS.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -17,6 +18,12 @@ from pathlib import Path
 from mtrl_testbed.ports import ServerExited, free_port, wait_until
 
 REGION = "us-west-2"
+
+
+# The Fargate task execution role the test bed's workers name (moto does not check roles): the
+# awslogs driver sends the workers' logs with it, so ECS refuses a Fargate task definition
+# with awslogs and without one.
+EXECUTION_ROLE_ARN = "arn:aws:iam::123456789012:role/mtrl-worker-execution"
 
 
 @dataclass
@@ -80,6 +87,17 @@ class MotoServer:
         req = urllib.request.Request(f"{self.endpoint}/moto-api/state-manager/set-transition",
                                      data=body, method="POST")
         urllib.request.urlopen(req, timeout=10).close()
+
+    def bucket(self, name: str) -> str:
+        """An S3 bucket in the server's region, created unless it exists. Needs this server's
+        env applied. Returns its name."""
+        import boto3
+
+        s3 = boto3.client("s3")
+        with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+            s3.create_bucket(Bucket=name,
+                             CreateBucketConfiguration={"LocationConstraint": s3.meta.region_name})
+        return name
 
     def prepare_fargate(self, cluster: str = "default") -> tuple[str, str]:
         """An ECS cluster, a subnet and a security group for Fargate tasks, with tasks held at

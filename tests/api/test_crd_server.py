@@ -37,18 +37,18 @@ def test_printer_columns_and_short_names(cluster: LocalCluster, namespace: str) 
                         "phase": "Running", "attempts": 2, "startTime": "2026-01-01T00:00:00Z",
                         "progress": {"display": "3/20", "rewardMean": 0.6254166666,
                                      "rewardDisplay": "0.625"},
-                        "workers": {"display": "2/2"}}}))
+                        "workers": {"display": "2/2"}, "cost": {"display": "$1,234.56"}}}))
     # The category "mtrl" spans runs and triggers, so kubectl names the kind there.
     for resource, name in (("mtrlruns", "tiny-target"), ("mtrlrun", "tiny-target"),
                            ("multiturnrlruns", "tiny-target"),
                            ("mtrl", "multiturnrlrun.mtrl.dev/tiny-target")):
         out = cluster.kubectl("get", resource, "-n", namespace).stdout.splitlines()
         assert out[0].split() == ["NAME", "PHASE", "STEP", "REWARD", "WORKERS", "ATTEMPTS",
-                                  "START", "END", "AGE"], resource
+                                  "COST", "START", "END", "AGE"], resource
         row = out[1].split()
-        assert row[:6] == [name, "Running", "3/20", "0.625", "2/2", "2"], resource
+        assert row[:7] == [name, "Running", "3/20", "0.625", "2/2", "2", "$1,234.56"], resource
         # Started long ago; END is blank while the run goes on (kubectl prints nothing there).
-        assert row[6].endswith("d") and len(row) == 8, row
+        assert row[7].endswith("d") and len(row) == 9, row
 
 
 def test_defaults_are_applied_by_the_server(cluster: LocalCluster, namespace: str) -> None:

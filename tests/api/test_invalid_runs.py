@@ -118,6 +118,12 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
      "spec.workers.image"),
     ("image-short-digest", {"trainer": {"image": "ghcr.io/mtrl/trainer@sha256:abc"}},
      "spec.trainer.image"),
+    ("model-random-preset-unknown", {"model": {"name": "random:huge"}}, "spec.model.name"),
+    ("model-hub-id-three-parts", {"model": {"name": "Qwen/Qwen2.5/7B"}}, "spec.model.name"),
+    ("model-hub-id-double-dash", {"model": {"name": "Qwen/Qwen--7B"}}, "spec.model.name"),
+    ("model-hub-id-with-space", {"model": {"name": "Qwen 2.5 7B"}}, "spec.model.name"),
+    ("model-url", {"model": {"name": "https://huggingface.co/Qwen/Qwen2.5-7B"}},
+     "spec.model.name"),
 ]
 
 # Well-formed values of the same fields: the rules above must not refuse them.
@@ -133,6 +139,10 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("images", {"trainer": {"image": "localhost:5000/mtrl/trainer_x__y-z:v1.2-rc.1"},
                 "workers": {"image": "123456789012.dkr.ecr.us-west-2.amazonaws.com/mtrl-worker@"
                                      f"sha256:{'a' * 64}"}}),
+    ("models", {"model": {"name": "openai/gpt-oss-20b"}}),
+    ("model-s3", {"model": {"name": "s3://models/qwen/Qwen2.5-7B/"}}),
+    ("model-path", {"model": {"name": "/opt/models/qwen"}}),
+    ("model-bare-hub-id", {"model": {"name": "gpt2"}}),
     ("s3", {"output": {"s3Uri": "s3://my.outputs-1"},
             "dataset": {"inline": DELETE, "s3": {"trainUri": "s3://abc/tasks/train.jsonl",
                                                  "validationUri": "s3://abc/v.jsonl"}}}),

@@ -21,7 +21,7 @@ import pytest
 from mtrl_operator.naming import QUEUE_ROLES
 from mtrl_testbed import census, replicas
 from mtrl_testbed.cluster import LocalCluster
-from mtrl_testbed.moto import MotoServer
+from mtrl_testbed.moto import EXECUTION_ROLE_ARN, MotoServer
 from tests.operator.runs import HANG, apply, get, names_of, run_manifest, wait_for, wait_phase
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "mtrl-operator"
@@ -78,7 +78,8 @@ def test_default_install_fails_over_to_the_standby_without_double_provisioning(
             n: 1.0 if n == leader else 0.0 for n in by_name}
 
         ecs_workers = {"backend": "ecs-fargate", "cpu": 256, "memory": 512, "minReplicas": 1,
-                       "maxReplicas": 2, "ecs": {"subnets": [subnet], "securityGroups": [group]}}
+                       "maxReplicas": 2, "ecs": {"subnets": [subnet], "securityGroups": [group],
+                                "executionRoleArn": EXECUTION_ROLE_ARN}}
         apply(cluster, runs_ns, run_manifest("before", workers=ecs_workers,
                                              trainer={"command": HANG}))
         wait_phase(cluster, runs_ns, "before", "Running", timeout=180)

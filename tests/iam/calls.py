@@ -26,6 +26,7 @@ _TARGETS = {
     "AmazonSQS": "sqs",
     "AmazonEC2ContainerServiceV20141113": "ecs",
     "ResourceGroupsTaggingAPI_20170126": "tag",
+    "Logs_20140328": "logs",
 }
 # API operations whose IAM action has another name (batch calls check the single action).
 _ACTION_OF = {
@@ -86,6 +87,8 @@ class Mapper:
             return self._sqs(operation, body)
         if service == "ecs":
             return self._ecs(operation, body, json.loads(exchange.response or b"{}"))
+        if service == "logs":
+            return self._logs(operation, body)
         if service == "tag":
             return [Permission(f"tag:{operation}", UNSCOPED, call=operation)]
         if "/s3/" in exchange.headers.get("authorization", ""):
@@ -147,6 +150,9 @@ class Mapper:
             tasks = body["tasks"] if operation == "DescribeTasks" else [body["task"]]
             return [Permission(action, self._task_arn(str(t), cluster), ctx, operation)
                     for t in tasks]
+        if operation == "DescribeClusters":
+            return [Permission(action, self.cluster_arn(str(c)), ctx, operation)
+                    for c in body["clusters"]]
         if operation == "RegisterTaskDefinition":
             return self._register(body, response, ctx, bool(tags))
         if operation == "RunTask":
@@ -172,6 +178,21 @@ class Mapper:
         if tagged:
             out += [_tag_on_create(str(t["taskArn"]), "RunTask")
                     for t in response.get("tasks", [])]
+        return out
+
+    # ------------------------------------------------------------------ CloudWatch Logs
+
+    def _logs(self, operation: str, body: dict[str, Any]) -> list[Permission]:
+        """A group's actions on the group's ARN (arn:...:log-group:<name>:*); describing is
+        on every group in the account (`*`: its prefix is no resource)."""
+        action = f"logs:{operation}"
+        if operation == "DescribeLogGroups":
+            return [Permission(action, UNSCOPED, call=operation)]
+        arn = f"arn:aws:logs:{self.region}:{self.account}:log-group:{body['logGroupName']}:*"
+        out = [Permission(action, arn, call=operation)]
+        if operation == "CreateLogGroup" and body.get("tags"):
+            # CloudWatch checks logs:TagResource too when a group is created with tags.
+            out.append(Permission("logs:TagResource", arn, call=operation))
         return out
 
     # ------------------------------------------------------------------ S3 (REST)

@@ -51,10 +51,12 @@ OUTPUT_BUCKET = "mtrl-test-outputs"  # tests/operator/runs.py's output.s3Uri
 TRIGGER_BUCKETS = "mtrl-iam-trg-*"  # a glob, as a role shared by several triggers would use
 OPERATOR_VALUES = {"Region": REGION, "Account": ACCOUNT, "EcsCluster": ECS_CLUSTER,
                    "WorkerTaskRoleArn": TASK_ROLE, "WorkerExecutionRoleArn": EXECUTION_ROLE,
-                   "TriggerBucket": TRIGGER_BUCKETS}
+                   "TriggerBucket": TRIGGER_BUCKETS, "RunBuckets": "mtrl-*"}
 MUST_RECORD = {"sqs:CreateQueue", "sqs:DeleteQueue", "ecs:RegisterTaskDefinition",
                "ecs:DeregisterTaskDefinition", "ecs:RunTask", "ecs:StopTask", "tag:GetResources",
                "s3:GetBucketNotification", "s3:PutBucketNotification", "sqs:ReceiveMessage",
+               "s3:ListBucket", "ecs:DescribeClusters", "logs:CreateLogGroup",
+               "logs:DeleteLogGroup",
                "sqs:DeleteMessage", "sqs:SendMessage"}
 WORKER_MUST_RECORD = {"sqs:CreateQueue", "sqs:GetQueueAttributes", "sqs:ReceiveMessage"}
 
@@ -266,7 +268,7 @@ def test_policy_templates_are_valid_and_documented(file: str) -> None:
     values = {p: f"arn:aws:iam::{ACCOUNT}:role/{p}" if p.endswith("Arn") else "x"
               for p in renderer().placeholders(template)
               if p not in ("QueueKmsKeyArn", "InputBucket", "InputPrefix", "TriggerBucket",
-                           "GivenTriggerQueueArn")}
+                           "GivenTriggerQueueArn", "RunBuckets")}
     document = rendered(file, values)
     _check_grammar(document)
     assert "${" not in json.dumps(document)

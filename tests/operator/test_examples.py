@@ -24,7 +24,7 @@ from mtrl_api.run import MultiTurnRLRunSpec
 from mtrl_operator.reconcile.observe import spec_problem
 from mtrl_operator.settings import Settings
 from mtrl_testbed.cluster import LocalCluster
-from mtrl_testbed.moto import REGION, MotoServer
+from mtrl_testbed.moto import MotoServer
 from mtrl_testbed.operator import OperatorProcess
 from mtrl_worker.environments.registry import load_environment
 from mtrl_worker.rewards import resolve_weights
@@ -59,8 +59,10 @@ def test_the_examples_environment_and_reward_weights_load_in_its_workers(path: P
     env = load_environment(spec.rollout.environment, spec.rollout.environment_args)
     weights = {c.name: c.weight for c in spec.reward.components}
     resolve_weights(env.components, weights)  # what every worker does at start
-    # The operator as the README installs it: with the cluster's subnets and security groups.
-    settings = Settings(ecs_subnets=["subnet-0a1b2c3d"], ecs_security_groups=["sg-0a1b2c3d"])
+    # The operator as the README installs it: with the cluster's subnets, security groups and
+    # worker execution role.
+    settings = Settings(ecs_subnets=["subnet-0a1b2c3d"], ecs_security_groups=["sg-0a1b2c3d"],
+                        ecs_execution_role_arn="arn:aws:iam::123456789012:role/mtrl-worker-execution")
     assert spec_problem(spec, settings) is None
 
 
@@ -137,8 +139,11 @@ def examples_env(cluster: LocalCluster, moto_server: MotoServer,
     cluster.install_crds(FIXTURES / "kubeflow.org_pytorchjobs.yaml")
     cluster.install_crds(FIXTURES / "sagemaker.amazonaws.com_hyperpodpytorchjobs.yaml")
     subnet, group = moto_server.prepare_fargate(cluster="mtrl-workers")
-    boto3.client("s3").create_bucket(Bucket="my-rl-data",
-                                     CreateBucketConfiguration={"LocationConstraint": REGION})
+    # The buckets and objects the examples name: preflight fails a run whose data is missing.
+    for bucket in ("my-rl-data", "my-rl-artifacts", "mtrl-demo"):
+        moto_server.bucket(bucket)
+    for key in ("wordle/train.jsonl", "wordle/validation.jsonl", "coding/train.jsonl"):
+        boto3.client("s3").put_object(Bucket="my-rl-data", Key=key, Body=b'{"secret": "crane"}\n')
     operator_factory(MTRL_OPERATOR_ID="examples", MTRL_NAMESPACES=NAMESPACE)
     with cluster.namespace(NAMESPACE) as namespace:
         for account in ("mtrl-worker", "mtrl-trainer"):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import boto3
 import pytest
 
+from mtrl_testbed import census
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.operator import OperatorProcess
 from mtrl_testbed.ports import free_port
@@ -50,9 +51,7 @@ def _events(cluster: LocalCluster, namespace: str, name: str) -> list[str]:
 
 def test_happy_path_kubernetes_workers(cluster: LocalCluster, operator: OperatorProcess,
                                        namespace: str) -> None:
-    s3 = boto3.client("s3")
-    s3.create_bucket(Bucket="mtrl-test-outputs",
-                     CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    s3 = boto3.client("s3")  # the bucket is the operator fixture's
     s3.put_object(Bucket="mtrl-test-outputs", Key="runs/adapter/adapter_model.safetensors",
                   Body=b"weights")
     apply(cluster, namespace, run_manifest("happy"))
@@ -104,10 +103,25 @@ def test_happy_path_ecs_fargate_workers(cluster: LocalCluster, operator: Operato
         f"deleted 12 ECS tasks in cluster default, 1 revision(s) of task definition "
         f"{names.task_family}"], said  # named once, however often teardown looked
     assert said["QueuesDeleted"] == [f"deleted 4 queues named {names.aws_prefix}-*"], said
-    # The status names nothing that is gone (a merge patch must null what went away).
-    wait_for(lambda: not any(((get(cluster, namespace, "fargate") or {}).get("status", {})
-                              .get("resources") or {}).values()), 30,
-             "status.resources to name nothing after teardown")
+    # The status names nothing that is gone (a merge patch must null what went away), but
+    # the workers' logs, which stay until the run is deleted.
+    resources = wait_for(lambda: (r := ((get(cluster, namespace, "fargate") or {})
+                                        .get("status", {}).get("resources") or {})) and
+                         not any(v for k, v in r.items() if k != "logGroup") and r, 30,
+                         "status.resources to name nothing after teardown but the logs")
+    assert resources["logGroup"] == names.log_group
+    logs = boto3.client("logs")
+    group = logs.describe_log_groups(logGroupNamePrefix=names.log_group)["logGroups"][0]
+    assert group["retentionInDays"] == 30
+    definition = ecs.describe_task_definition(taskDefinition=inactive[0])["taskDefinition"]
+    assert definition["containerDefinitions"][0]["logConfiguration"]["options"][
+        "awslogs-group"] == names.log_group
+    tags = logs.list_tags_for_resource(resourceArn=group["arn"].removesuffix(":*"))["tags"]
+    assert tags["mtrl.dev/run-uid"] == names.uid
+    cluster.kubectl("delete", "mtrlrun", "fargate", "-n", namespace, "--timeout=60s")
+    assert not logs.describe_log_groups(logGroupNamePrefix=names.log_group)["logGroups"]
+    assert _messages(cluster, namespace, "fargate")["LogsDeleted"] == [
+        f"deleted log group {names.log_group}"]
 
 
 def test_failure_is_retried_from_a_new_attempt(cluster: LocalCluster, operator: OperatorProcess,
@@ -161,10 +175,12 @@ def test_the_trainers_own_words_reach_the_run(cluster: LocalCluster, operator: O
 
 def test_a_trainer_no_node_can_take_says_so(cluster: LocalCluster, operator: OperatorProcess,
                                              namespace: str) -> None:
-    """An instance type without the ml. prefix matches no node: the real scheduler says so,
-    and the run says it too, instead of waiting for trainer pods in silence."""
+    """A node selector no node matches (preflight checks the instance type, not every label):
+    the real scheduler says so, and the run says it too, instead of waiting for trainer pods
+    in silence."""
     apply(cluster, namespace, run_manifest("nowhere", trainer={
-        "command": SUCCEED, "instanceType": "p5.48xlarge"}))
+        "command": SUCCEED,
+        "nodeSelector": {"sagemaker.amazonaws.com/instance-group-name": "no-such-group"}}))
     run = wait_for(lambda: (r := get(cluster, namespace, "nowhere")) and
                    "cannot be scheduled" in (r.get("status") or {}).get("message", "") and r,
                    90, "the run to say its trainer cannot be scheduled")
@@ -281,8 +297,11 @@ def test_orphans_are_swept(cluster: LocalCluster, operator: OperatorProcess) -> 
     other = RunNames("gone", "ghost", "00000000-0000-4000-8000-00000000beef", "someone-else")
     other_url = sqs.create_queue(QueueName=other.queue("rollout"),
                                  tags=other.tags("queue-rollout"))["QueueUrl"]
+    logs = boto3.client("logs")  # and the workers' log group of a run that is gone
+    logs.create_log_group(logGroupName=ghost.log_group, tags=ghost.tags("logs"))
     wait_for(lambda: url not in sqs.list_queues(QueueNamePrefix="mtrl-gone").get("QueueUrls", []),
              30, "the orphaned queue to be swept")
+    wait_for(lambda: not census.run_logs(ghost), 30, "the orphaned log group to be swept")
     assert other_url in sqs.list_queues(QueueNamePrefix="mtrl-gone")["QueueUrls"]
     sqs.delete_queue(QueueUrl=other_url)
 

@@ -253,5 +253,5 @@ def test_missing_ecs_resources_fail_the_run_and_deletion_completes(
     assert all(p == "Failed" for p in phases.values()) and not left, (phases, left)
     # Each says what is missing, and where.
     assert said["no-cluster"].startswith("ECS cluster 'does-not-exist' was not found in "
-                                         f"{REGION} (RunTask)"), said
+                                         f"{REGION} (DescribeClusters)"), said
     assert "subnet-0000000000000dead" in said["no-subnet"] and REGION in said["no-subnet"], said

@@ -54,6 +54,15 @@ def test_a_planted_queue_is_found_until_it_is_deleted(names: RunNames) -> None:
     assert census.run_aws(names) == {}
 
 
+def test_a_planted_log_group_is_found_until_it_is_deleted(names: RunNames) -> None:
+    logs = boto3.client("logs")
+    logs.create_log_group(logGroupName=names.log_group, tags=_tags(names))
+    assert census.run_logs(names) == [names.log_group]
+    assert names.log_group in census.all_aws()["log_groups"]
+    logs.delete_log_group(logGroupName=names.log_group)
+    assert census.run_logs(names) == []
+
+
 def test_a_planted_task_definition_is_found_by_family_not_prefix(
         names: RunNames, planted_definition: str) -> None:
     assert census.run_aws(names)["task_definitions"] == [planted_definition]

@@ -73,6 +73,26 @@ def test_reads_the_operators_attempt_number(tmp_path: Path) -> None:
         TrainerConfig.from_env({**base, "MTRL_ATTEMPT": "three"})
 
 
+def test_a_committed_checkpoint_is_named_in_this_and_every_later_report(tmp_path: Path) -> None:
+    path = tmp_path / "progress.json"
+    progress = Progress([FileSink(path)])
+
+    def report(step: int) -> None:
+        progress.report(ProgressReport(
+            step=step, total_steps=10, reward_mean=0.5, reward_std=0.1, success_rate=None,
+            zero_variance_fraction=None, validation_success_rate=None, tokens_per_second=None,
+            components=[], policy_version=step))
+
+    report(1)
+    assert "latestCheckpoint" not in json.loads(path.read_text())
+    report(2)
+    progress.checkpointed("s3://b/out/checkpoints/step-000002/")
+    body = json.loads(path.read_text())
+    assert (body["step"], body["latestCheckpoint"]) == (2, "s3://b/out/checkpoints/step-000002/")
+    report(3)
+    assert json.loads(path.read_text())["latestCheckpoint"].endswith("step-000002/")
+
+
 def test_progress_carries_the_attempt_and_the_final_outcome(tmp_path: Path) -> None:
     """The operator reads both from the progress ConfigMap when the workload is gone."""
     path = tmp_path / "progress.json"
@@ -93,3 +113,10 @@ def test_progress_carries_the_attempt_and_the_final_outcome(tmp_path: Path) -> N
     assert json.loads(resumed.read_text()) | {"updatedAt": ""} == {
         "step": 10, "totalSteps": 10, "components": [], "policyVersion": 10,
         "outcome": "Succeeded", "attempt": 3, "updatedAt": ""}
+
+
+def test_the_schema_offers_exactly_the_random_presets_the_trainer_builds() -> None:
+    from mtrl_api.run import RANDOM_MODEL_PRESETS
+    from mtrl_trainer.models import RANDOM_PRESETS
+
+    assert sorted(RANDOM_MODEL_PRESETS) == sorted(RANDOM_PRESETS)

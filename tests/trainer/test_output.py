@@ -91,3 +91,23 @@ def test_runs_sharing_an_output_prefix_train_apart_and_resume_only_when_told(
     assert fourth.start_trainer(other_rank, "other-rank").wait(120) == CONFIG_ERROR
     assert f"the checkpoint in {first.output_uri(spec)} does not fit spec.model" in \
         fourth.log("other-rank")
+
+
+def test_validation_measures_the_policy_that_training_measures(
+        training_runs: Callable[[], TrainingRun]) -> None:
+    """The demo's run (tests/testbed: manifests/examples/tiny-cpu.yaml's GRPO settings): at
+    each evaluation the validation tasks, played once each by the policy just trained, succeed
+    about as often as that step's training episodes did (same environment, same tasks)."""
+    run = training_runs()
+    spec = run_spec(run.bucket, maxSteps=20)
+    spec["dataset"]["evalIntervalSteps"] = 5
+    _train(run, spec, "validated")
+    by_step = {m["step"]: m for m in _metrics(run, spec)}
+    print({s: (m["successRate"], m["validationSuccessRate"]) for s, m in by_step.items()})
+    evaluated = [s for s, m in by_step.items() if m["validationSuccessRate"] is not None]
+    assert evaluated == [5, 10, 15, 20], evaluated
+    # A policy that solves its training episodes solves the same tasks in validation.
+    learned = [s for s in evaluated if by_step[s]["successRate"] >= 0.9]
+    assert learned and all(by_step[s]["validationSuccessRate"] >= 0.5 for s in learned), by_step
+    # Each report after a checkpoint names it; the last names the final one.
+    assert by_step[20]["latestCheckpoint"] == f"{run.output_uri(spec)}/checkpoints/step-000020/"

@@ -263,6 +263,8 @@ class Run:
             self.state.optimizer = self.optimizer.state_dict()
             self.state.rng = capture_rng()
             await asyncio.to_thread(self.store.save, self.policy.model, self.state)
+            progress.checkpointed(f"{self.config.output_uri}/checkpoints/"
+                                  f"step-{self.state.step:06d}/")
 
     def _sinks(self) -> list[ProgressSink]:
         sinks: list[ProgressSink] = [MetricsHistory(self.config.output_uri, self.state.step)]

@@ -144,9 +144,20 @@ class Progress:
         self.sinks = sinks
         self.attempt = attempt
         self._last: dict[str, Any] | None = None
+        self._checkpoint: str | None = None
 
     def report(self, report: ProgressReport) -> None:
-        self._send(report.to_json())
+        body = report.to_json()
+        if self._checkpoint:
+            body["latestCheckpoint"] = self._checkpoint
+        self._send(body)
+
+    def checkpointed(self, uri: str) -> None:
+        """A checkpoint was committed: the last report again, naming it (and every report
+        after it), so the run's status says what a retry resumes from."""
+        self._checkpoint = uri
+        if self._last is not None:
+            self._send({**self._last, "latestCheckpoint": uri, "updatedAt": _now()})
 
     def succeeded(self, step: int, total_steps: int) -> None:
         """The last report again, marked as the outcome: written only after the final

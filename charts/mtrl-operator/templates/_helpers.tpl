@@ -134,3 +134,12 @@ to objects the operator owns. */}}
   resources: [events]
   verbs: [create]
 {{- end -}}
+
+{{/* pricing as MTRL_INSTANCE_PRICES: type=usd,type=usd (sorted by type) */}}
+{{- define "mtrl.instancePrices" -}}
+{{- $items := list }}
+{{- range $type, $usd := .Values.pricing }}
+{{- $items = append $items (printf "%s=%v" $type $usd) }}
+{{- end }}
+{{- join "," $items }}
+{{- end }}

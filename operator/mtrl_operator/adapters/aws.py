@@ -23,6 +23,7 @@ from mtrl_operator.adapters.mutations import guard_aws_client
 from mtrl_operator.builders.queues import DLQ, WORK_QUEUES, QueueRequest
 from mtrl_operator.errors import SPEC_ERROR_CODES, SpecError
 from mtrl_operator.naming import QUEUE_ROLES, RunNames
+from mtrl_operator.reconcile.preflight import Found
 from mtrl_rollout.queues import MANAGED_BY, TAG_MANAGED_BY, TAG_OPERATOR_ID, TAG_RUN_UID
 
 log = logging.getLogger("mtrl.aws")
@@ -107,6 +108,8 @@ class Aws:
         self.sqs = client(session, "sqs")
         self.ecs = client(session, "ecs")
         self.tagging = client(session, "resourcegroupstaggingapi")
+        self.s3 = client(session, "s3")
+        self.logs = client(session, "logs")
 
     async def _call(self, client: Any, op: str, **kwargs: Any) -> dict[str, Any]:
         try:
@@ -117,6 +120,57 @@ class Aws:
                 raise SpecError(code, f"{op} in {self.region}: "
                                       f"{exc.response['Error'].get('Message', code)}") from exc
             raise
+
+    # ------------------------------------------------------------------ preflight
+
+    async def s3_find(self, bucket: str, prefix: str, whole_key: bool) -> Found:
+        """Whether an object (`whole_key`) or anything under a prefix exists. ListObjectsV2
+        needs only s3:ListBucket, never the right to read the data; the first key listed is
+        the key itself when it exists, as keys list in lexicographic order."""
+        try:
+            resp = await call(self.s3, "list_objects_v2", Bucket=bucket, Prefix=prefix, MaxKeys=1)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code == "NoSuchBucket":
+                return Found.NO_BUCKET
+            if code in ("AccessDenied", "AllAccessDisabled"):
+                return Found.DENIED
+            raise
+        keys = [o["Key"] for o in resp.get("Contents") or []]
+        if whole_key:
+            return Found.PRESENT if keys[:1] == [prefix] else Found.NOTHING
+        return Found.PRESENT if keys else Found.NOTHING
+
+    async def describe_cluster(self, cluster: str) -> dict[str, Any]:
+        return await self._call(self.ecs, "describe_clusters", clusters=[cluster])
+
+    # ------------------------------------------------------------------ worker logs
+
+    async def ensure_log_group(self, name: str, tags: dict[str, str], retention_days: int) -> None:
+        """The group, tagged at creation (so the sweeper finds it), with its retention."""
+        try:
+            await self._call(self.logs, "create_log_group", logGroupName=name, tags=tags)
+        except ClientError as exc:
+            if exc.response["Error"].get("Code") != "ResourceAlreadyExistsException":
+                raise
+            return
+        metrics.RESOURCES_CREATED.labels(kind="log-group").inc()
+        await self._call(self.logs, "put_retention_policy", logGroupName=name,
+                         retentionInDays=retention_days)
+
+    async def log_group_exists(self, name: str) -> bool:
+        resp = await self._call(self.logs, "describe_log_groups", logGroupNamePrefix=name)
+        return any(g["logGroupName"] == name for g in resp.get("logGroups", []))
+
+    async def delete_log_group(self, name: str) -> bool:
+        try:
+            await self._call(self.logs, "delete_log_group", logGroupName=name)
+        except ClientError as exc:
+            if exc.response["Error"].get("Code") == "ResourceNotFoundException":
+                return False
+            raise
+        metrics.RESOURCES_DELETED.labels(kind="log-group").inc()
+        return True
 
     # ------------------------------------------------------------------ queues
 
@@ -254,7 +308,11 @@ class Aws:
         """run UID -> ARNs of resources this operator tagged (queues, tasks, definitions)."""
         by_run: dict[str, list[str]] = defaultdict(list)
         async for arn, tags in tagged_resources(self.tagging, operator_id,
-                                                ["sqs", "ecs:task", "ecs:task-definition"]):
+                                                # The whole service: log groups are all
+                                                # the operator makes there (moto names the
+                                                # type logs:loggroup, AWS logs:log-group).
+                                                ["sqs", "ecs:task", "ecs:task-definition",
+                                                 "logs"]):
             if TAG_RUN_UID in tags:
                 by_run[tags[TAG_RUN_UID]].append(arn)
         return dict(by_run)
@@ -282,6 +340,8 @@ class Aws:
             await self._call(self.ecs, "deregister_task_definition", taskDefinition=arn)
             metrics.RESOURCES_DELETED.labels(kind="task-definition").inc()
             return True
+        if service == "logs":  # arn:aws:logs:<region>:<account>:log-group:<name>[:*]
+            return await self.delete_log_group(arn.split(":log-group:", 1)[1].removesuffix(":*"))
         if ":task/" in arn:
             task_cluster = arn.split("/")[1] if arn.count("/") >= 2 else cluster
             resp = await self._call(self.ecs, "describe_tasks", cluster=task_cluster, tasks=[arn])

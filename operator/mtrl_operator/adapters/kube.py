@@ -15,7 +15,7 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import ConfigMap, Pod, Service
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod, Service
 from lightkube.resources.core_v1 import Event as CoreEvent
 from lightkube.types import CascadeType, PatchType
 
@@ -179,6 +179,15 @@ class Kube:
         """Objects of `kind` in `namespace` carrying `labels`, read from the server."""
         return [_dict(obj) async for obj in
                 self.client.list(KINDS[kind], namespace=namespace, labels=labels)]
+
+    async def nodes(self) -> list[dict[str, Any]] | None:
+        """Every node, read from the server; None when the operator may not list them."""
+        try:
+            return [_dict(node) async for node in self.client.list(Node)]
+        except (ApiError, httpx.HTTPStatusError) as exc:
+            if _status_code(exc) == 403:
+                return None
+            raise
 
     async def names(self, kind: str, scopes: list[str]) -> list[tuple[str, str]]:
         """(namespace, name) of every object of `kind` in `scopes` (namespaces, or "*"), read

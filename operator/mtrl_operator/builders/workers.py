@@ -13,9 +13,19 @@ WORKER_COMMAND = ["mtrl", "worker"]
 RUN_TASK_BATCH = 10  # ECS RunTask starts at most 10 tasks per call
 
 
+LOG_STREAM_PREFIX = "worker"  # streams are worker/<container>/<task id> (the awslogs driver's)
+
+
+def log_group(names: RunNames, spec: MultiTurnRLRunSpec) -> str:
+    """The workers' CloudWatch Logs group: the spec's, or the run's own."""
+    return spec.workers.ecs.log_group or names.log_group
+
+
 def task_definition(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
-                    execution_role_arn: str) -> dict[str, Any]:
-    """RegisterTaskDefinition request for the run's workers."""
+                    execution_role_arn: str, region: str) -> dict[str, Any]:
+    """RegisterTaskDefinition request for the run's workers. Their output goes to CloudWatch
+    Logs through the awslogs driver, which on Fargate sends with the execution role
+    (docs.aws.amazon.com/AmazonECS/latest/developerguide/using_awslogs.html)."""
     workers = spec.workers
     body: dict[str, Any] = {
         "family": names.task_family,
@@ -36,6 +46,9 @@ def task_definition(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, st
                             f"u.urlopen('http://127.0.0.1:{HEALTH_PORT}/healthz', timeout=3)"],
                 "interval": 30, "timeout": 5, "retries": 3, "startPeriod": 30},
             "stopTimeout": 30,  # SIGTERM drains in-flight episodes before SIGKILL
+            "logConfiguration": {"logDriver": "awslogs", "options": {
+                "awslogs-group": log_group(names, spec), "awslogs-region": region,
+                "awslogs-stream-prefix": LOG_STREAM_PREFIX}},
         }],
         "tags": [{"key": k, "value": v} for k, v in names.tags("task-definition").items()],
     }

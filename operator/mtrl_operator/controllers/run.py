@@ -27,10 +27,14 @@ from mtrl_api.run import (
 from mtrl_operator import metrics
 from mtrl_operator.adapters.aws import Aws
 from mtrl_operator.adapters.kube import Kube
+from mtrl_operator.builders.workers import log_group as worker_log_group
 from mtrl_operator.controllers.children import Children
+from mtrl_operator.controllers.preflight import due as preflight_due
+from mtrl_operator.controllers.preflight import preflight
 from mtrl_operator.controllers.run_actions import RunActions
 from mtrl_operator.errors import SpecError, StaleCopy
 from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE, FINALIZER, LABEL_ATTEMPT, RunNames
+from mtrl_operator.reconcile.cost import steady
 from mtrl_operator.reconcile.observe import (
     progress_from_configmap,
     spec_problem,
@@ -232,7 +236,13 @@ class Controller:
 
         spec, spec_error = self._parse_spec(body)
         status = self._parse_status(body)
-        obs = await self._observe(names, spec, spec_error, status, deleting, body)
+        checked = None
+        if spec is not None and spec_error is None and preflight_due(status, deleting):
+            spec_error, checked = await preflight(spec, self.settings, self.aws, self.kube,
+                                                  self.actions.cluster(spec))
+        obs = replace(await self._observe(names, spec, spec_error, status, deleting, body),
+                      preflight=checked,
+                      price=self.settings.price(spec.trainer.instance_type) if spec else None)
         decision = decide(obs)
         await self._publish(body, decision)
         try:
@@ -256,7 +266,7 @@ class Controller:
         resync period: a run waiting on AWS costs O(log wait) reconciles, however long the
         wait (with 500 runs starting at once, waits grow with the number of runs)."""
         assert decision.requeue_after is not None
-        outcome = (decision.status, tuple(decision.actions))  # models compare by value
+        outcome = (steady(decision.status), tuple(decision.actions))  # models compare by value
         last, polls = self.polls.get(key, (None, 0))
         polls = polls + 1 if outcome == last else 0
         self.polls[key] = (outcome, polls)
@@ -317,6 +327,13 @@ class Controller:
             desired, ready = desired + len(live), ready + sum(t.ready for t in live)
             refs.task_arns = [t.arn for t in live]
             refs.task_definition_arn = definitions[0] if definitions else None
+        if spec is not None and spec.workers.backend == WorkerBackend.ECS_FARGATE:
+            refs.log_group = worker_log_group(names, spec)
+        # The run's own log group outlives the finished run and goes with the run; a spec that
+        # names a group of its own (or no readable spec that could) leaves it alone.
+        own_logs = spec is None or (spec.workers.backend == WorkerBackend.ECS_FARGATE
+                                    and not spec.workers.ecs.log_group)
+        logs_exist = deleting and own_logs and await self.aws.log_group_exists(names.log_group)
 
         trainers = self.children.trainers.get(names.uid, {})
         current: TrainerObserved | None = None
@@ -359,7 +376,7 @@ class Controller:
             now=dt.datetime.now(dt.UTC),
             generation=body["metadata"].get("generation", 0),
             deleting=deleting, spec=spec, spec_error=spec_error, status=status,
-            queues_ready=len(queue_urls) == 4, queues_exist=bool(queue_urls),
+            queues_ready=len(queue_urls) == 4, queues_exist=bool(queue_urls), logs_exist=logs_exist,
             workers_exist=workers_exist, workers_desired=desired, workers_ready=ready,
             trainer=current, trainers_exist=bool(trainers), trainer_workloads=tuple(trainers),
             resources=refs,
@@ -372,8 +389,8 @@ class Controller:
         """Write status only when it changed; post an Event per transition."""
         meta = body["metadata"]
         new = decision.status.wire()
-        old = self._parse_status(body).wire()
-        if new != old:
+        # The cost meter's totals ride along with a write; alone they would write every time.
+        if steady(decision.status).wire() != steady(self._parse_status(body)).wire():
             key = (meta["namespace"], meta["name"])
             version = await self.kube.apply_status(key[0], key[1], new, CONDITION_TYPES)
             body["status"] = new  # the rest of this reconcile sees our own write

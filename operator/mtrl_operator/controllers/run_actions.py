@@ -30,7 +30,7 @@ def _queue_urls(obs: Observed) -> dict[str, str]:
 
 # The Event that says what a teardown action deleted, by action.
 TEARDOWN_EVENTS = {Act.DELETE_TRAINER: "TrainerDeleted", Act.DELETE_WORKERS: "WorkersDeleted",
-                   Act.DELETE_QUEUES: "QueuesDeleted"}
+                   Act.DELETE_QUEUES: "QueuesDeleted", Act.DELETE_LOGS: "LogsDeleted"}
 
 
 class RunActions:
@@ -73,6 +73,10 @@ class RunActions:
             elif action == Act.DELETE_WORKERS:
                 await self._announce(body, names, action,
                                      await self._delete_workers(names, spec, obs))
+            elif action == Act.DELETE_LOGS:
+                deleted = await self.aws.delete_log_group(names.log_group)
+                await self._announce(body, names, action,
+                                     [f"log group {names.log_group}"] if deleted else [])
             elif action == Act.DELETE_QUEUES:
                 count = await self.aws.delete_queues(names)
                 await self._announce(body, names, action, [f"{count} queues named "
@@ -89,9 +93,13 @@ class RunActions:
             await self.kube.create(worker_builders.deployment(names, spec, env,
                                                               owner_reference(body)))
             return
+        if not spec.workers.ecs.log_group:  # the run's own, made before anything writes to it
+            await self.aws.ensure_log_group(names.log_group, names.tags("logs"),
+                                            spec.workers.ecs.log_retention_days)
         definition = await self.aws.ensure_task_definition(
             names, worker_builders.task_definition(names, spec, env,
-                                                   self.settings.ecs_execution_role_arn),
+                                                   self.settings.ecs_execution_role_arn,
+                                                   self.settings.region),
             known=obs.resources.task_definition_arn)
         tasks = await self.aws.worker_tasks(names, self.cluster(spec))
         live = sum(t.live for t in tasks)

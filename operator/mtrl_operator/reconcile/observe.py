@@ -229,6 +229,10 @@ def spec_problem(spec: MultiTurnRLRunSpec, settings: Settings) -> tuple[str, str
         return ("DatasetNotGenerated",
                 f"spec.dataset.generated: environment {spec.rollout.environment!r} cannot "
                 "generate its own tasks; use spec.dataset.inline or spec.dataset.s3")
+    if spec.lifecycle.max_cost_usd is not None and settings.price(spec.trainer.instance_type) is None:
+        return ("NoPrice", f"spec.lifecycle.maxCostUSD needs a price for instance type "
+                f"{spec.trainer.instance_type!r}; the operator has "
+                f"{', '.join(sorted(settings.prices)) or 'none'} (chart value pricing)")
     if workers.backend == WorkerBackend.ECS_FARGATE:
         if not (workers.ecs.subnets or settings.ecs_subnets):
             return ("NoSubnets", "backend ecs-fargate needs subnets: set "
@@ -236,6 +240,12 @@ def spec_problem(spec: MultiTurnRLRunSpec, settings: Settings) -> tuple[str, str
         if not (workers.ecs.security_groups or settings.ecs_security_groups):
             return ("NoSecurityGroups", "backend ecs-fargate needs security groups: set "
                     "spec.workers.ecs.securityGroups or the operator's MTRL_ECS_SECURITY_GROUPS")
+        if not (workers.ecs.execution_role_arn or settings.ecs_execution_role_arn):
+            # Fargate refuses awslogs without it ("Fargate requires task definition to have
+            # execution role ARN to support log driver awslogs").
+            return ("NoExecutionRole", "backend ecs-fargate sends the workers' logs to "
+                    "CloudWatch Logs with the task execution role: set spec.workers.ecs."
+                    "executionRoleArn or the operator's MTRL_ECS_EXECUTION_ROLE_ARN")
         # The schema refuses these; a run stored before its rules existed still fails here.
         if workers.cpu not in FARGATE_MEMORY_MIB:
             return ("InvalidFargateSize", f"Fargate takes cpu {', '.join(map(str, FARGATE_MEMORY_MIB))},"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from mtrl_api.run import (
+    VALIDATION_HISTORY,
     Condition,
     LauncherKind,
     MultiTurnRLRunSpec,
@@ -22,14 +23,16 @@ from mtrl_api.run import (
     Phase,
     Progress,
     ResourceRefs,
+    ValidationPoint,
     WorkersStatus,
 )
 from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE
+from mtrl_operator.reconcile.cost import budget, metered
 from mtrl_operator.reconcile.retries import RetryOwner, retry_owner
 
 # The run's conditions this operator writes (and owns under server-side apply); others'
 # conditions on the run are theirs and left alone.
-CONDITION_TYPES = frozenset({"Progressing", "QueuesReady", "WorkersReady", "TrainerReady",
+CONDITION_TYPES = frozenset({"Preflight", "Progressing", "QueuesReady", "WorkersReady", "TrainerReady",
                              "Complete", "Failed", "RewardCollapse"})
 SUCCEEDED_OUTCOME = "Succeeded"  # what a trainer writes into its progress once training is done
 
@@ -51,6 +54,7 @@ class Act(StrEnum):
     DELETE_TRAINER = "DeleteTrainer"
     DELETE_WORKERS = "DeleteWorkers"
     DELETE_QUEUES = "DeleteQueues"
+    DELETE_LOGS = "DeleteLogs"
     DELETE_RUN = "DeleteRun"
     REMOVE_FINALIZER = "RemoveFinalizer"
 
@@ -83,6 +87,7 @@ class Observed:
     status: MultiTurnRLRunStatus
     queues_ready: bool = False
     queues_exist: bool = False
+    logs_exist: bool = False  # the run's own worker log group (looked for only when deleting)
     workers_exist: bool = False
     workers_desired: int = 0
     workers_ready: int = 0
@@ -99,6 +104,8 @@ class Observed:
     # attempt that last reported, and "Succeeded" once training finished and was saved.
     reported_attempt: int | None = None
     trainer_outcome: str | None = None
+    preflight: str | None = None  # what preflight checked, when it ran and passed
+    price: float | None = None  # USD per node-hour of the trainer's instance type, if known
 
 
 @dataclass(frozen=True)
@@ -190,13 +197,36 @@ def _teardown(obs: Observed, keep_queues: bool = False) -> list[Act]:
     return []
 
 
+def _merged_progress(previous: Progress, reported: Progress) -> Progress:
+    """The trainer's latest report, with what the run keeps across reports: the collapse
+    streak, the latest evaluation (a step without one reports none) and their history, and the
+    latest checkpoint."""
+    out = reported.model_copy()
+    out.collapse_streak = previous.collapse_streak
+    out.latest_checkpoint = reported.latest_checkpoint or previous.latest_checkpoint
+    history = [p for p in previous.validation_history if p.step != reported.step]
+    if reported.validation_success_rate is None:
+        out.validation_success_rate = previous.validation_success_rate
+        out.validation_step = previous.validation_step
+        out.validation_history = previous.validation_history
+    else:
+        out.validation_step = reported.step
+        out.validation_history = [*history, ValidationPoint(
+            step=reported.step, success_rate=reported.validation_success_rate)][-VALIDATION_HISTORY:]
+    return out
+
+
 def _merge_observations(st: _Draft, obs: Observed) -> None:
     refs = obs.resources
     st.s.resources = refs
+    if obs.spec is not None:
+        running = obs.trainer is not None and obs.trainer.state in (TrainerState.RUNNING,
+                                                                    TrainerState.RESTARTING)
+        st.s.cost = metered(st.s.cost, obs.spec, running, obs.price, obs.now)
     if obs.progress is not None:
-        streak = st.s.progress.collapse_streak
-        st.s.progress = obs.progress.model_copy()
-        st.s.progress.collapse_streak = streak
+        st.s.progress = _merged_progress(st.s.progress, obs.progress)
+        if st.s.progress.latest_checkpoint and st.s.output_uri:
+            st.s.adapter_uri = f"{st.s.output_uri}/adapter/"
         mean = st.s.progress.reward_mean
         st.s.progress.reward_display = "" if mean is None else f"{mean:.3f}"
     if obs.spec is not None:
@@ -298,7 +328,8 @@ def _deletion(st: _Draft) -> Decision | None:
     if not st.obs.deleting:
         return None
     st.phase(Phase.TERMINATING, "deleting the run's resources")
-    actions = _teardown(st.obs)
+    # The workers' logs outlive a finished run (that is when they are read), not the run.
+    actions = _teardown(st.obs) or ([Act.DELETE_LOGS] if st.obs.logs_exist else [])
     return st.done(actions or [Act.REMOVE_FINALIZER], requeue=1.0 if actions else None)
 
 
@@ -307,6 +338,7 @@ def _invalid_spec(st: _Draft) -> Decision | None:
     if st.obs.spec_error is None or st.s.phase.finished:
         return None
     reason, message = st.obs.spec_error
+    st.cond("Preflight", False, reason, message)
     st.finish(False, reason, message)
     return st.done(_teardown(st.obs), requeue=1.0)
 
@@ -335,8 +367,15 @@ def _start_and_deadline(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision | None
         st.s.start_time = st.obs.now
         st.s.attempts = max(st.s.attempts, 1)
         st.cond("Progressing", True, "Provisioning", "creating queues")
+    if st.obs.preflight:
+        st.cond("Preflight", True, "Passed", st.obs.preflight)
     if st.s.output_uri is None:  # the same folder the trainer computes from the run's identity
         st.s.output_uri = spec.output.run_uri(st.obs.namespace, st.obs.name, st.obs.uid)
+    over_budget, spent_in = budget(st.s.cost, spec, st.obs.price, st.obs.now)
+    if over_budget:
+        st.finish(False, "BudgetExceeded", over_budget)
+        return st.done(_teardown(st.obs), requeue=1.0)
+    st.deadline_in = spent_in
     limit = spec.lifecycle.active_deadline_seconds
     if limit is None:
         return None
@@ -344,7 +383,8 @@ def _start_and_deadline(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision | None
     if st.obs.now >= deadline:
         st.finish(False, "DeadlineExceeded", f"the run was active longer than {limit}s")
         return st.done(_teardown(st.obs), requeue=1.0)
-    st.deadline_in = (deadline - st.obs.now).total_seconds()
+    until = (deadline - st.obs.now).total_seconds()
+    st.deadline_in = until if spent_in is None else min(until, spent_in)
     return None
 
 

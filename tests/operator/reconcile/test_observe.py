@@ -131,9 +131,21 @@ def test_a_fargate_size_stored_before_the_schema_rule_fails_the_run(
     run = spec("wordle", "solved")
     run.workers.backend = WorkerBackend.ECS_FARGATE
     run.workers.cpu, run.workers.memory = cpu, memory
-    settings = Settings(ecs_subnets=["subnet-0a1b2c3d"], ecs_security_groups=["sg-0a1b2c3d"])
+    settings = Settings(ecs_subnets=["subnet-0a1b2c3d"], ecs_security_groups=["sg-0a1b2c3d"],
+                        ecs_execution_role_arn="arn:aws:iam::123456789012:role/exec")
     found = spec_problem(run, settings)
     assert found == (None if problem is None else ("InvalidFargateSize", problem))
+
+
+def test_fargate_workers_without_an_execution_role_fail_the_run() -> None:
+    """Fargate refuses a task definition with the awslogs driver and no execution role."""
+    run = spec("wordle", "solved")
+    run.workers.backend = WorkerBackend.ECS_FARGATE
+    settings = Settings(ecs_subnets=["subnet-0a1b2c3d"], ecs_security_groups=["sg-0a1b2c3d"])
+    reason, message = spec_problem(run, settings) or ("", "")
+    assert reason == "NoExecutionRole" and "spec.workers.ecs.executionRoleArn" in message
+    run.workers.ecs.execution_role_arn = "arn:aws:iam::123456789012:role/exec"
+    assert spec_problem(run, settings) is None
 
 
 @pytest.mark.parametrize(("environment", "problem"), [

@@ -12,6 +12,7 @@ from mtrl_api.run import (
     Phase,
     Progress,
 )
+from mtrl_operator.reconcile.cost import steady
 from mtrl_operator.reconcile.run import (
     Act,
     Observed,
@@ -175,7 +176,9 @@ def test_conditions_keep_their_transition_time_when_unchanged() -> None:
     t1 = {c.type: c.last_transition_time for c in d1.status.conditions}
     t2 = {c.type: c.last_transition_time for c in d2.status.conditions}
     assert t1 == t2
-    assert d2.status == d1.status, "no change observed, no status write"
+    # The cost meter moved, and rides along with the next write, but causes none.
+    assert d2.status.cost.gpu_hours > d1.status.cost.gpu_hours
+    assert steady(d2.status) == steady(d1.status), "no change observed, no status write"
 
 
 # --------------------------------------------------------------------------- vanished workloads
@@ -332,3 +335,29 @@ def test_an_unschedulable_trainer_is_said_on_the_run() -> None:
     trainer_ready = next(c for c in d.status.conditions if c.type == "TrainerReady")
     assert (trainer_ready.status, trainer_ready.reason) == ("False", "Unschedulable")
     assert d.status.phase == Phase.PROVISIONING
+
+
+def test_the_latest_evaluation_and_checkpoint_stay_in_status_between_reports() -> None:
+    """A step without an evaluation reports none: the run keeps the latest one, its step and
+    the history; a checkpoint, once reported, names the adapter to serve."""
+    trainer = TrainerObserved(1, TrainerState.RUNNING)
+    base = ready(trainer=trainer, trainers_exist=True)
+    status = decide(base).status
+    status.output_uri = "s3://bucket/out/ns/run/uid"
+    reports = [Progress(step=5, total_steps=20, validation_success_rate=0.0),
+               Progress(step=6, total_steps=20,
+                        latest_checkpoint="s3://bucket/out/ns/run/uid/checkpoints/step-000005/"),
+               Progress(step=10, total_steps=20, validation_success_rate=1.0),
+               Progress(step=11, total_steps=20)]
+    for report in reports:
+        status = decide(replace(base, status=status, progress=report)).status
+    assert (status.progress.validation_success_rate, status.progress.validation_step) == (1.0, 10)
+    assert [(p.step, p.success_rate) for p in status.progress.validation_history] == \
+        [(5, 0.0), (10, 1.0)]
+    assert status.progress.latest_checkpoint.endswith("/checkpoints/step-000005/")
+    assert status.adapter_uri == "s3://bucket/out/ns/run/uid/adapter/"
+    # A retry that goes back to step 10 evaluates it again: one entry per step.
+    status = decide(replace(base, status=status, progress=Progress(
+        step=10, total_steps=20, validation_success_rate=0.5))).status
+    assert [(p.step, p.success_rate) for p in status.progress.validation_history] == \
+        [(5, 0.0), (10, 0.5)]

@@ -1,0 +1,52 @@
+"""Preflight look-ups: S3 locations, the ECS cluster and the cluster's nodes, each looked up
+once, before a run creates anything. What they mean is `reconcile/preflight.py`."""
+
+from __future__ import annotations
+
+from mtrl_api.run import MultiTurnRLRunSpec, MultiTurnRLRunStatus, WorkerBackend
+from mtrl_operator.adapters.aws import Aws
+from mtrl_operator.adapters.kube import Kube
+from mtrl_operator.reconcile.preflight import (
+    Found,
+    ecs_cluster_problem,
+    nodes_problem,
+    s3_lookups,
+    s3_problem,
+)
+from mtrl_operator.settings import Settings
+
+PREFLIGHT = "Preflight"  # the run's condition: True once the checks passed
+
+
+def due(status: MultiTurnRLRunStatus, deleting: bool) -> bool:
+    """Before the first trainer attempt is launched, until the checks have passed once: a run
+    already training is never failed by a check it did not have when it started."""
+    return (not deleting and not status.phase.finished and status.launched_attempt == 0
+            and not any(c.type == PREFLIGHT and c.status == "True" for c in status.conditions))
+
+
+async def preflight(spec: MultiTurnRLRunSpec, settings: Settings, aws: Aws, kube: Kube,
+                    ecs_cluster: str) -> tuple[tuple[str, str] | None, str]:
+    """(reason, message) of the first check that fails, or None and what was checked."""
+    checked, notes = ["S3 locations"], []
+    for lookup in s3_lookups(spec):
+        found = await aws.s3_find(lookup.bucket, lookup.prefix, lookup.whole_key)
+        if (problem := s3_problem(lookup, found)) is not None:
+            return problem, ""
+        if found == Found.DENIED:
+            notes.append(f"{lookup.field} not checked (the operator may not list bucket "
+                         f"{lookup.bucket!r})")
+    if spec.workers.backend == WorkerBackend.ECS_FARGATE:
+        described = await aws.describe_cluster(ecs_cluster)
+        if (problem := ecs_cluster_problem(ecs_cluster, aws.region, described)) is not None:
+            return problem, ""
+        checked.append(f"ECS cluster {ecs_cluster!r}")
+    if settings.preflight_nodes:
+        nodes = await kube.nodes()
+        if nodes is None:
+            notes.append("nodes not checked (the operator may not list nodes)")
+        elif (problem := nodes_problem(spec, nodes)) is not None:
+            return problem, ""
+        else:
+            checked.append(f"nodes of {spec.trainer.instance_type}")
+    return None, "; ".join([f"checked {', '.join(checked)}", *notes])
