@@ -20,14 +20,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv with the distribution (editable) and the `mtrl` console script
 
-tools: ## build kube-apiserver, controller-manager, scheduler, kubectl, etcd, helm and luacheck (cached)
+tools: ## build kube-apiserver, controller-manager, scheduler, kubectl, etcd, helm, luacheck and dashboardcheck (cached)
 	bash hack/build-tools.sh
 	bash hack/build-luacheck.sh
+	bash hack/build-dashboardcheck.sh
 
 crds: install ## regenerate crds/ from the API models
 	$(BIN)/mtrl crds
 
-lint: install ## ruff over the whole tree, mypy (with the pydantic plugin) over the API and the operator
+lint: install ## ruff over the whole tree, mypy (with the pydantic plugin) over the API, the operator and the CLI
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 

@@ -1,7 +1,8 @@
-"""`mtrl`: one command for the operator, its CRDs, the data plane and the local demo.
+"""`mtrl`: one command for runs, the operator, its CRDs, the data plane and the local demo.
 
 Subcommands import their module lazily, so `mtrl crds` never loads torch and `mtrl operator`
-never loads an environment plug-in.
+never loads an environment plug-in. Installed as `kubectl-mtrl` too, so that with the
+environment's bin folder on PATH `kubectl mtrl runs` is `mtrl runs` (a kubectl plug-in).
 """
 
 from __future__ import annotations
@@ -32,25 +33,29 @@ CRD_FOLDERS = ("crds", "charts/mtrl-operator/crds")
 
 # Subcommands whose own parser takes the remaining arguments: name -> (module:function, help).
 DELEGATES = {
+    "runs": ("mtrl_cli.runs:main", "the runs: phase, step, reward, success rate, age, message"),
+    "watch": ("mtrl_cli.watch:main", "a run's progress and reward curve, live, until it ends"),
+    "curve": ("mtrl_cli.curve:main", "a run's reward curve from its metrics.jsonl (--png FILE)"),
+    "logs": ("mtrl_cli.logs:main", "a run's trainer log, or its workers' logs (--worker)"),
     "operator": ("mtrl_operator.main:main", "run the operator (kopf)"),
     "worker": ("mtrl_worker.__main__:main", "run a reward worker"),
-    "env": ("mtrl_worker.play:env_main", "environment tools: `mtrl env play wordle ...`"),
+    "env": ("mtrl_worker.play:env_main", "environments: `mtrl env list`, `mtrl env play wordle ...`"),
     "trainer": ("mtrl_trainer.__main__:main", "run the reference GRPO+LoRA trainer"),
     "drain": ("mtrl_operator.drain:main", "delete every run and wait for its teardown"),
     "cluster": ("mtrl_testbed.__main__:main", "local control plane: up | down | moto"),
 }
 
 
-def _delegate(name: str, argv: list[str]) -> int:
+def _delegate(name: str, argv: list[str], prog: str) -> int:
     import importlib
 
     module, func = DELEGATES[name][0].split(":")
-    sys.argv = [f"mtrl {name}", *argv]  # for parsers that fall back to sys.argv
+    sys.argv = [f"{prog} {name}", *argv]  # for parsers that fall back to sys.argv
     return int(getattr(importlib.import_module(module), func)(argv) or 0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="mtrl", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "mtrl") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     crds = sub.add_parser("crds", help="write the CRDs generated from the API models")
@@ -65,9 +70,14 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in DELEGATES:
-        return _delegate(argv[0], argv[1:])
+        return _delegate(argv[0], argv[1:], prog)
     args = parser.parse_args(argv)
     return int(args.func(args))
+
+
+def kubectl_plugin() -> int:
+    """`kubectl-mtrl`: kubectl runs a plug-in by its name with the words after `kubectl mtrl`."""
+    return main(prog="kubectl mtrl")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Certificates for the local control plane, made with `cryptography`.
 
-One CA signs the API server's serving certificate and the client certificates; a separate
-RSA key pair signs and verifies service-account tokens.
+One CA signs the serving certificates (the API server's, and the node agent's log endpoint's,
+`kubelet`) and the client certificates; a separate RSA key pair signs and verifies
+service-account tokens.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ def _issue(subject: x509.Name, key: ec.EllipticCurvePrivateKey, issuer: x509.Nam
 
 
 def generate(root: Path, *, clients: dict[str, tuple[str, str | None]]) -> Pki:
-    """Write a CA, the API server's serving pair, the service-account key pair and one client
-    pair per entry of `clients` (file stem -> (user name, group))."""
+    """Write a CA, the serving pairs of the API server (`apiserver`) and of the node agent's log
+    endpoint (`kubelet`), the service-account key pair and one client pair per entry of
+    `clients` (file stem -> (user name, group))."""
     root.mkdir(parents=True, exist_ok=True)
     pki = Pki(root)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -80,15 +82,21 @@ def generate(root: Path, *, clients: dict[str, tuple[str, str | None]]) -> Pki:
     _write_key(pki.path("ca.key"), ca_key)
     pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
 
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = [
-        x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default",
-                                  "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")
-    ] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "10.0.0.1")]
-    server = _issue(_name("kube-apiserver"), server_key, ca_name, ca_key, ca=False,
-                    usages=[ExtendedKeyUsageOID.SERVER_AUTH], sans=sans)
-    _write_key(pki.path("apiserver.key"), server_key)
-    pki.path("apiserver.crt").write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    loopback = [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    servers: dict[str, tuple[str, list[x509.GeneralName]]] = {
+        "apiserver": ("kube-apiserver", [
+            x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default",
+                                      "kubernetes.default.svc",
+                                      "kubernetes.default.svc.cluster.local")
+        ] + [*loopback, x509.IPAddress(ipaddress.ip_address("10.0.0.1"))]),
+        "kubelet": ("mtrl-node-agent", [x509.DNSName("localhost"), *loopback]),
+    }
+    for stem, (common_name, sans) in servers.items():
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _issue(_name(common_name), key, ca_name, ca_key, ca=False,
+                      usages=[ExtendedKeyUsageOID.SERVER_AUTH], sans=sans)
+        _write_key(pki.path(f"{stem}.key"), key)
+        pki.path(f"{stem}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
     for stem, (user, group) in clients.items():
         key = ec.generate_private_key(ec.SECP256R1())

@@ -38,6 +38,8 @@ _CLIENTS = {
     "scheduler": ("system:kube-scheduler", None),
     "node-agent": ("mtrl-node-agent", "system:masters"),
 }
+# The API server's identity towards the node agent's log endpoint (`kubectl logs`).
+_KUBELET_CLIENT = {"apiserver-kubelet-client": ("kube-apiserver-kubelet-client", None)}
 # Controllers that need clouds, kubelets or node health we do not simulate.
 _DISABLED_CONTROLLERS = ("node-ipam-controller", "node-lifecycle-controller",
                          "cloud-node-lifecycle-controller", "service-lb-controller",
@@ -74,6 +76,8 @@ class LocalCluster:
     etcd_port: int = field(default_factory=free_port)
     etcd_peer_port: int = field(default_factory=free_port)
     api_port: int = field(default_factory=free_port)
+    kubelet_port: int = field(default_factory=free_port)
+    """The node agent's log endpoint (the kubelet's port), registered in every Node."""
     audit_users: tuple[str, ...] = ()
     """Users whose requests the API server writes to `audit_log` (one line per request)."""
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -151,7 +155,7 @@ class LocalCluster:
         for stale in ("etcd", "pods", "logs"):  # a fresh cluster every start
             shutil.rmtree(self.root / stale, ignore_errors=True)
         (self.root / "logs").mkdir(parents=True)
-        pki = certs.generate(self.root / "pki", clients=_CLIENTS)
+        pki = certs.generate(self.root / "pki", clients={**_CLIENTS, **_KUBELET_CLIENT})
         for stem in _CLIENTS:
             self._write_kubeconfig(self.root / f"{stem}.kubeconfig", pki, stem)
         shutil.copy(self.root / "admin.kubeconfig", self.kubeconfig)
@@ -180,6 +184,10 @@ class LocalCluster:
             self._spawn("node-agent", [
                 "--kubeconfig", str(self.root / "node-agent.kubeconfig"),
                 "--nodes", str(self.nodes), "--work-dir", str(self.root / "pods"),
+                "--kubelet-port", str(self.kubelet_port),
+                "--tls-cert-file", str(pki.path("kubelet.crt")),
+                "--tls-private-key-file", str(pki.path("kubelet.key")),
+                "--client-ca-file", str(pki.ca_cert),
             ], python_module="mtrl_testbed.node_agent")
             wait_until(self._default_service_account_exists, timeout,
                        "kube-controller-manager (default ServiceAccount)", interval=0.5)
@@ -283,6 +291,11 @@ class LocalCluster:
             "--watch-cache=true",
             "--max-requests-inflight", "2000",
             "--max-mutating-requests-inflight", "1000",
+            # pods/log: to each Node's InternalIP (loopback) and kubelet port, as this client;
+            # without --kubelet-certificate-authority it does not verify the serving cert.
+            "--kubelet-preferred-address-types", "InternalIP",
+            "--kubelet-client-certificate", str(pki.path("apiserver-kubelet-client.crt")),
+            "--kubelet-client-key", str(pki.path("apiserver-kubelet-client.key")),
             *self._audit_flags(),
         ])
         ctx = ssl.create_default_context(cafile=str(pki.ca_cert))

@@ -18,6 +18,9 @@ demo run the real trainer and workers. What it does, and where it differs from a
   ServiceAccount (TokenRequest), so pods act with their own RBAC.
 - Passes the variables in `<work-dir>/../pod-env.json` (e.g. the moto endpoint) to every pod.
 - On deletion: SIGTERM, the grace period, SIGKILL, then removes the pod object.
+- Serves the kubelet's container-log endpoint (`container_logs`) on `--kubelet-port`, and
+  registers that port and the InternalIP 127.0.0.1 in each Node's status, so `kubectl logs`
+  reaches a container's `<pod folder>/<container>.log` through the API server.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ import base64
 import contextlib
 import datetime as dt
 import fcntl
+import functools
 import itertools
 import json
 import logging
 import os
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -48,6 +53,9 @@ from lightkube.models.authentication_v1 import TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod, Secret, ServiceAccount
 from lightkube.types import PatchType
+
+from mtrl_testbed import container_logs
+from mtrl_testbed.container_logs import ContainerLog
 
 log = logging.getLogger("mtrl.node-agent")
 
@@ -122,14 +130,17 @@ class PodProcess:
     restarts: dict[str, int] = field(default_factory=dict)
     started: dict[str, str] = field(default_factory=dict)
     ready: dict[str, bool] = field(default_factory=dict)
+    logs: dict[str, ContainerLog] = field(default_factory=dict)
     terminating: bool = False
     task: asyncio.Task[None] | None = None
     reaper: asyncio.Task[None] | None = None
 
 
 class NodeAgent:
-    def __init__(self, kubeconfig: Path, nodes: int, work_dir: Path) -> None:
+    def __init__(self, kubeconfig: Path, nodes: int, work_dir: Path, kubelet_port: int = 0,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.kubeconfig_path = kubeconfig
+        self.kubelet_port, self.tls = kubelet_port, tls
         self.config = KubeConfig.from_file(str(kubeconfig))
         self.client = AsyncClient(self.config, field_manager="mtrl-node-agent")
         self.node_names = [f"hyperpod-p5-{i}" for i in range(nodes)]
@@ -161,6 +172,9 @@ class NodeAgent:
                              "osImage": "local", "machineID": name, "systemUUID": name,
                              "bootID": name},
             }}
+            if self.kubelet_port:  # where the API server asks for logs (pods/log)
+                status["status"]["daemonEndpoints"] = {
+                    "kubeletEndpoint": {"Port": self.kubelet_port}}
             await self.client.patch(Node.Status, name, status, patch_type=PatchType.MERGE)
             # The API server taints new nodes not-ready; the node lifecycle controller (not run
             # here, it would evict pods of a node without kubelet heartbeats) lifts it.
@@ -169,7 +183,15 @@ class NodeAgent:
 
     # ------------------------------------------------------------------ pods
 
+    def logs_of(self, namespace: str, name: str) -> dict[str, ContainerLog] | None:
+        """The containers of the newest pod of that name on these nodes (the logs endpoint)."""
+        found = [s for s in self.pods.values() if (s.namespace, s.name) == (namespace, name)]
+        return found[-1].logs if found else None
+
     async def run(self) -> None:
+        if self.kubelet_port and self.tls:
+            await container_logs.serve(self.logs_of, "127.0.0.1", self.kubelet_port,
+                                       self.tls)
         await self.register_nodes()
         log.info("registered nodes %s", self.node_names)
         while True:
@@ -221,6 +243,9 @@ class NodeAgent:
 
     async def _run_pod_inner(self, state: PodProcess, pod: Pod) -> None:
         state.root.mkdir(parents=True, exist_ok=True)
+        for c in [*(pod.spec.initContainers or []), *pod.spec.containers]:
+            running = functools.partial(_running, state, c.name)
+            state.logs[c.name] = ContainerLog(state.root / f"{c.name}.log", running=running)
         mounts = await self._volumes(pod, state)
         env_base = await self._base_env(pod, state)
         restart_policy = pod.spec.restartPolicy or "Always"
@@ -275,6 +300,7 @@ class NodeAgent:
             raise RuntimeError(f"container {c.name} has no command; the node agent cannot run "
                                "an image's default entrypoint")
         log_file = open(state.root / f"{c.name}.log", "ab")  # noqa: SIM115, ASYNC230 (the child owns it)
+        state.logs[c.name].starts.append(log_file.tell())  # this start's output begins here
         proc = await asyncio.create_subprocess_exec(
             *_resolve_argv(argv), env=env, cwd=str(state.root), stdout=log_file,
             stderr=asyncio.subprocess.STDOUT, start_new_session=True)
@@ -438,6 +464,11 @@ class NodeAgent:
         return mounts
 
 
+def _running(state: PodProcess, container: str) -> bool:
+    proc = state.procs.get(container)
+    return proc is not None and proc.returncode is None
+
+
 # The kubelet's limits (pkg/kubelet/container/runtime.go, MaxContainerTerminationMessage*):
 # 4 KiB from the file; from the logs, the last 80 lines, at most 2 KiB.
 TERMINATION_MESSAGE_BYTES, TERMINATION_LOG_LINES, TERMINATION_LOG_BYTES = 4096, 80, 2048
@@ -516,11 +547,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", type=Path, required=True)
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, required=True)
+    parser.add_argument("--kubelet-port", type=int, default=0,
+                        help="serve containers' logs on 127.0.0.1:PORT (0: not at all)")
+    parser.add_argument("--tls-cert-file", type=Path, help="the log endpoint's certificate")
+    parser.add_argument("--tls-private-key-file", type=Path, help="its key")
+    parser.add_argument("--client-ca-file", type=Path,
+                        help="the CA whose client certificates may read logs")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    agent = NodeAgent(args.kubeconfig, args.nodes, args.work_dir)
+    tls = container_logs.tls_context(args.tls_cert_file, args.tls_private_key_file,
+                                     args.client_ca_file) if args.kubelet_port else None
+    agent = NodeAgent(args.kubeconfig, args.nodes, args.work_dir, args.kubelet_port, tls)
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()

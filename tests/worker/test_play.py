@@ -6,7 +6,7 @@ from mtrl_worker import play_main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
-    code = play_main(list(argv))
+    code = play_main([*argv, "--json"])
     return code, json.loads(capsys.readouterr().out)
 
 
@@ -31,11 +31,40 @@ def test_running_out_of_script_ends_the_episode(capsys) -> None:
     assert code == 0 and out["stop_reason"] == "policy_stopped"
 
 
-def test_an_environment_error_is_a_result_with_a_failure_metric(capsys) -> None:
-    code, out = run(capsys, "wordle", "--secret", "qqqqq", "--guess", "crane")
-    metrics = {m["name"]: m["value"] for m in out["metrics_list"]}
-    assert code == 1 and out["stop_reason"] == "error" and metrics["episode_error"] == 1
-    assert out["aggregate_reward_score"] == 0.0
+@pytest.mark.parametrize("argv, says", [
+    (["wordle", "--secret", "qqqqq", "--guess", "crane"], "secret 'qqqqq' is not in the word list"),
+    (["wordle", "--secret", "crane", "--weights", '{"nope": 1}'], "unknown reward components ['nope']"),
+    (["wordle", "--secret", "crane", "--env-args", '{"colour": 1}'], "--env-args: "),
+    (["coding", "--task", "median", "--code-file", "/nonexistent/x.py"], "/nonexistent/x.py"),
+], ids=["secret", "weights", "env-args", "code-file"])
+def test_refused_arguments_are_one_line_and_exit_2(capsys, argv: list[str], says: str) -> None:
+    for extra in ([], ["--json"]):
+        assert play_main([*argv, *extra]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and "Traceback" not in err
+        assert err.startswith(f"mtrl env play {argv[0]}: ") and says in err
+
+
+def test_the_summary_shows_each_guess_with_its_marks(capsys) -> None:
+    code = play_main(["wordle", "--secret", "crane", "--guess", "slate", "--guess", "xx",
+                      "--guess", "slate", "--guess", "crane"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert lines[:5] == ['wordle {"secret": "crane"}',
+                         "  slate  ⬛⬛🟩⬛🟩  --G-G",
+                         "  xx     not a five-letter word from the list",
+                         "  slate  guessed before",
+                         "  crane  🟩🟩🟩🟩🟩  GGGGG"]
+    assert lines[5].startswith("reward   0.8") and lines[-1] == "stop     done"
+    assert "solved 1, speed 0.5," in lines[6]
+
+
+def test_the_summary_of_other_environments_lists_the_replies(capsys) -> None:
+    assert play_main(["target", "--target", "a", "--reply", "aab", "--reply", "unused"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # One turn: the target environment's episode takes one reply and ends.
+    assert lines[:2] == ['target {"target": "a"}', "  1. aab"]
+    assert lines[2].startswith("reward   0.667") and "target_fraction 0.667" in lines[3]
 
 
 def test_other_environments_take_their_own_arguments(capsys) -> None:
@@ -56,8 +85,11 @@ def test_other_environments_take_their_own_arguments(capsys) -> None:
     assert code == 0 and out["aggregate_reward_score"] == pytest.approx(2 / 3)
 
 
-def test_env_command_dispatches_to_play(capsys) -> None:
+def test_env_command_dispatches_to_play_and_list(capsys) -> None:
     from mtrl_worker.play import env_main
 
-    assert env_main(["play", "wordle", "--secret", "crane", "--guess", "crane"]) == 0
+    assert env_main(["play", "wordle", "--secret", "crane", "--guess", "crane", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stop_reason"] == "done"
+    assert env_main(["list"]) == 0
+    assert capsys.readouterr().out.startswith("coding: ")
+    assert env_main(["nothing"]) == 2

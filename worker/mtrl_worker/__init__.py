@@ -11,7 +11,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def play_main(argv: list[str] | None = None) -> int:
-    """`mtrl env play`: one scripted episode, printed as a JSON result."""
+    """`mtrl env play`: one scripted episode, printed as a summary (or `--json`, its result)."""
     from mtrl_worker.play import play_main as run_play
 
     return run_play(argv)

@@ -87,3 +87,8 @@ class Environment(ABC):
     @abstractmethod
     def play_script(cls, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
         """The task row and the scripted replies for a dry run."""
+
+    def describe_turns(self, task: Mapping[str, Any], replies: Sequence[str]) -> list[str]:
+        """One line per reply the dry run played, for people; an environment whose replies
+        mean more than their text (a Wordle guess and its marks) says so in its own way."""
+        return [f"{i}. {' '.join(reply.split())[:100]}" for i, reply in enumerate(replies, 1)]

@@ -21,7 +21,7 @@ import functools
 import random
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -34,6 +34,7 @@ MAX_GUESSES = 6
 GENERATED_SEED = 0  # fixed: a run's generated tasks must not change when it resumes
 
 GREEN, YELLOW, GREY = "G", "Y", "-"
+TILES = {GREEN: "🟩", YELLOW: "🟨", GREY: "⬛"}
 
 SYSTEM_PROMPT = (
     "You are playing Wordle. Find the secret five-letter English word in at most {turns} "
@@ -205,3 +206,23 @@ class WordleEnvironment(Environment):
     @classmethod
     def play_script(cls, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
         return {"secret": args.secret}, list(args.guess)
+
+    def describe_turns(self, task: Mapping[str, Any], replies: Sequence[str]) -> list[str]:
+        """Each guess with its marks as tiles and as letters (`slate  ⬛🟨⬛⬛🟩  -Y--G`), or
+        why it earned none; the game is replayed, so the marks are the game's own."""
+        secret = str(task["secret"]).strip().lower()
+        game, lines = WordleGame(secret, self.max_guesses), []
+        for reply in replies:
+            if game.over:
+                break
+            invalid, repeated = game.invalid, game.repeated
+            game.play(reply)
+            guess = extract_guess(reply) or "(none)"
+            if game.invalid > invalid:
+                lines.append(f"{guess:<{WORD_LENGTH}}  not a five-letter word from the list")
+            elif game.repeated > repeated:
+                lines.append(f"{guess:<{WORD_LENGTH}}  guessed before")
+            else:
+                marks = feedback(guess, secret)
+                lines.append(f"{guess}  {''.join(TILES[m] for m in marks)}  {marks}")
+        return lines
