@@ -12,7 +12,6 @@ from pathlib import Path
 import boto3
 import pytest
 
-from mtrl_cli.logs import cloudwatch_logs
 from mtrl_testbed.cluster import LocalCluster
 from tests.cli.conftest import VENV_BIN, Result, buffered_env, make_pod, make_run, pod_phase
 from tests.operator.runs import wait_for
@@ -105,21 +104,25 @@ def test_ecs_workers_without_a_log_group_say_so(
 
 
 @pytest.mark.aws
-def test_ecs_workers_logs_come_from_cloudwatch(aws_env: dict[str, str],
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_ecs_workers_logs_come_from_cloudwatch(
+        aws_env: dict[str, str], cluster: LocalCluster, cli_namespace: str,
+        mtrl: Callable[..., Result]) -> None:
+    """Through a stored run: the group its status names, streams as the awslogs driver names
+    them (<prefix>/<container>/<task id>), lines in time order with their task."""
     group = f"/mtrl/runs/team-a/fargate-{os.urandom(3).hex()}"
     logs = boto3.client("logs")
     logs.create_log_group(logGroupName=group)
     now = int(time.time() * 1000)  # CloudWatch refuses events older than 14 days
     for task, lines in (("0a1b", ["a1", "a2"]), ("9f8e", ["b1"])):
-        stream = f"mtrl/worker/{task}"  # <prefix>/<container>/<task id>, as awslogs names it
+        stream = f"worker/worker/{task}"
         logs.create_log_stream(logGroupName=group, logStreamName=stream)
         logs.put_log_events(logGroupName=group, logStreamName=stream, logEvents=[
             {"timestamp": now + 10 * i + (5 if task == "9f8e" else 0),
              "message": line} for i, line in enumerate(lines)])
-    run = {"metadata": {"name": "fargate", "namespace": "team-a"},
-           "status": {"phase": "Running", "resources": {"logGroup": group}}}
-    assert cloudwatch_logs(None, run, follow=False, tail=None) == 0  # type: ignore[arg-type]
-    assert capsys.readouterr().out == "[0a1b] a1\n[9f8e] b1\n[0a1b] a2\n"
-    assert cloudwatch_logs(None, run, follow=False, tail=1) == 0  # type: ignore[arg-type]
-    assert capsys.readouterr().out == "[0a1b] a2\n"
+    make_run(cluster, cli_namespace, "fargate", workers={"backend": "ecs-fargate", "cpu": 256,
+                                                         "memory": 512},
+             status={"phase": "Running", "resources": {"logGroup": group}})
+    every = mtrl("logs", "fargate", "-n", cli_namespace, "--worker")
+    assert (every.code, every.out) == (0, "[0a1b] a1\n[9f8e] b1\n[0a1b] a2\n"), every
+    last = mtrl("logs", "fargate", "-n", cli_namespace, "--worker", "--tail", "1")
+    assert (last.code, last.out) == (0, "[0a1b] a2\n"), last
