@@ -4,6 +4,8 @@ one sentence naming what and where."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import boto3
@@ -16,9 +18,11 @@ from tests.operator.runs import (
     apply,
     aws_leftovers,
     condition,
+    get,
     k8s_leftovers,
     names_of,
     run_manifest,
+    wait_for,
     wait_phase,
 )
 
@@ -83,3 +87,28 @@ def test_a_run_that_can_work_records_what_preflight_checked(
     preflight = condition(run, "Preflight") or {}
     assert (preflight.get("status"), preflight.get("reason")) == ("True", "Passed"), preflight
     assert preflight["message"] == "checked S3 locations, nodes of ml.p5.48xlarge", preflight
+
+
+def test_without_aws_credentials_a_run_waits_saying_so_and_creates_nothing(
+        cluster: LocalCluster, operator_factory: Callable[..., OperatorProcess]) -> None:
+    """No credentials is not the spec's fault (IRSA may be fixed in a minute): the run stays
+    Pending and says why, instead of a blank phase, and nothing is created meanwhile."""
+    namespace = f"nocreds-{uuid.uuid4().hex[:5]}"
+    cluster.kubectl("create", "namespace", namespace)
+    operator_factory(MTRL_OPERATOR_ID="nocreds", MTRL_NAMESPACES=namespace,
+                     MTRL_SWEEP_INTERVAL_SECONDS="0", AWS_ACCESS_KEY_ID="",
+                     AWS_SECRET_ACCESS_KEY="", AWS_SESSION_TOKEN="",
+                     AWS_SHARED_CREDENTIALS_FILE="/nonexistent", AWS_CONFIG_FILE="/nonexistent",
+                     AWS_EC2_METADATA_DISABLED="true")
+    apply(cluster, namespace, run_manifest("no-creds"))
+    status = wait_for(lambda: "NoCredentialsError" in (
+        s := ((get(cluster, namespace, "no-creds") or {}).get("status") or {})).get("message", "")
+        and s, 60, "the run to say it has no credentials")
+    assert status["phase"] == "Pending", status
+    assert status["message"] == "NoCredentialsError: Unable to locate credentials; retrying", status
+    assert status.get("launchedAttempt", 0) == 0
+    assert not k8s_leftovers(cluster, namespace, get(cluster, namespace, "no-creds")["metadata"]["uid"])
+    cluster.kubectl("annotate", "mtrlrun", "no-creds", "-n", namespace,
+                    "mtrl.dev/force-release=true")
+    cluster.kubectl("delete", "mtrlrun", "no-creds", "-n", namespace, "--timeout=60s")
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false")
