@@ -16,7 +16,7 @@ import httpx2 as httpx
 from lightkube import Client, KubeConfig
 from lightkube.core.exceptions import ApiError, ConfigError
 from lightkube.generic_resource import create_namespaced_resource
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import ConfigMap, Pod
 from lightkube.types import OnErrorAction, OnErrorResult
 
 from mtrl_api import GROUP, VERSION
@@ -117,6 +117,11 @@ class Cluster:
     def pods(self, namespace: str, labels: dict[str, Any]) -> list[dict[str, Any]]:
         with self.calling(f"listing pods in {namespace}"):
             return [_dict(p) for p in self.client.list(Pod, namespace=namespace, labels=labels)]
+
+    def config_maps(self, namespace: str, labels: dict[str, Any]) -> list[dict[str, Any]]:
+        with self.calling(f"listing ConfigMaps in {namespace}"):
+            return [_dict(c) for c in self.client.list(ConfigMap, namespace=namespace,
+                                                       labels=labels)]
 
     def pod_log(self, pod: dict[str, Any], *, follow: bool = False,
                 tail_lines: int | None = None) -> Iterator[str]:

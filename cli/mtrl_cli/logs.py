@@ -17,7 +17,13 @@ from typing import Any
 from mtrl_api.run import WorkerBackend, WorkersSpec
 from mtrl_cli import aws, command, display, kube
 from mtrl_cli.errors import CliError
-from mtrl_operator.naming import LABEL_ATTEMPT, LABEL_COMPONENT, LABEL_RUN_UID
+from mtrl_operator.naming import (
+    COMPONENT_TRAINER_LOG,
+    LABEL_ATTEMPT,
+    LABEL_COMPONENT,
+    LABEL_RUN_UID,
+    TRAINER_LOG_KEY,
+)
 
 Warn = Callable[[str], None]
 POLL_SECONDS = 2.0  # CloudWatch Logs has no follow: it is read again this often
@@ -83,6 +89,22 @@ def _follow_all(cluster: kube.Cluster, pods: list[dict[str, Any]], tail: int | N
     return 1 if failed else 0
 
 
+def kept_logs(cluster: kube.Cluster, run: dict[str, Any], tail: int | None) -> bool:
+    """The logs the operator kept of failed trainer attempts (the tail of the failed container,
+    in a ConfigMap the run owns), each under a header; False when there are none."""
+    meta = run["metadata"]
+    kept = cluster.config_maps(meta["namespace"], {LABEL_RUN_UID: meta["uid"],
+                                                   LABEL_COMPONENT: COMPONENT_TRAINER_LOG})
+    kept.sort(key=_attempt)
+    for config_map in kept:
+        data = config_map.get("data") or {}
+        lines = (data.get(TRAINER_LOG_KEY) or "").splitlines()
+        print(f"==> attempt {_attempt(config_map)}: pod/{data.get('pod', '?')} "
+              f"({data.get('container', '?')}), kept when it failed <==", flush=True)
+        _write(iter(lines[-tail:] if tail else lines))
+    return bool(kept)
+
+
 def pod_logs(cluster: kube.Cluster, run: dict[str, Any], component: str, follow: bool,
              tail: int | None, warn: Warn) -> int:
     """Each pod's log under a header when there are several; a pod that cannot be read is
@@ -90,6 +112,8 @@ def pod_logs(cluster: kube.Cluster, run: dict[str, Any], component: str, follow:
     meta = run["metadata"]
     pods = cluster.pods(meta["namespace"], {LABEL_RUN_UID: meta["uid"],
                                             LABEL_COMPONENT: component})
+    if not pods and component == "trainer" and kept_logs(cluster, run, tail):
+        return 0
     if not pods:
         raise CliError(gone(run, component))
     pods.sort(key=lambda p: (_attempt(p), p["metadata"]["name"]))

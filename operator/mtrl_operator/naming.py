@@ -85,6 +85,10 @@ class RunNames:
     def worker_deployment(self) -> str:
         return self._k8s("workers")
 
+    def trainer_log(self, attempt: int) -> str:
+        """The ConfigMap keeping a failed attempt's log after its pods are gone."""
+        return self._k8s(f"t{attempt}-log")
+
     def trainer(self, attempt: int) -> str:
         """Trainer workload of one attempt; a retry is a new workload, never an edited one.
         Short enough that indexed Job pod names (`<job>-<index>-<5>`) stay within 63."""
@@ -132,6 +136,10 @@ class RunNames:
             LABEL_COMPONENT: component,
             LABEL_MANAGED_BY: MANAGED_BY,
         }
+
+
+COMPONENT_TRAINER_LOG = "trainer-log"  # the component label of kept trainer logs
+TRAINER_LOG_KEY = "log"  # the log's key in such a ConfigMap; "pod" and "container" name its source
 
 
 # ----------------------------------------------------------------------------- triggers

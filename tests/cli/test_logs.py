@@ -3,6 +3,7 @@ workers' CloudWatch Logs on ECS, and one sentence when there is nothing to read.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -12,6 +13,8 @@ from pathlib import Path
 import boto3
 import pytest
 
+from mtrl_operator.builders.trainer import kept_log
+from mtrl_operator.naming import RunNames
 from mtrl_testbed.cluster import LocalCluster
 from tests.cli.conftest import VENV_BIN, Result, buffered_env, make_pod, make_run, pod_phase
 from tests.operator.runs import wait_for
@@ -126,3 +129,28 @@ def test_ecs_workers_logs_come_from_cloudwatch(
     assert (every.code, every.out) == (0, "[0a1b] a1\n[9f8e] b1\n[0a1b] a2\n"), every
     last = mtrl("logs", "fargate", "-n", cli_namespace, "--worker", "--tail", "1")
     assert (last.code, last.out) == (0, "[0a1b] a2\n"), last
+
+
+def test_a_failed_attempts_kept_log_is_shown_when_its_pods_are_gone(
+        cluster: LocalCluster, cli_namespace: str, mtrl: Callable[..., Result]) -> None:
+    """The operator keeps a failed attempt's log tail in a ConfigMap the run owns (as
+    builders/trainer.kept_log makes it) before the workload and its pods go."""
+    run = make_run(cluster, cli_namespace, "crashed", status={
+        "phase": "Failed", "completionTime": "2026-01-02T12:00:00Z"})
+    meta = run["metadata"]
+    names = RunNames(meta["namespace"], meta["name"], meta["uid"])
+    owner = {"apiVersion": "mtrl.dev/v1alpha1", "kind": "MultiTurnRLRun", "name": meta["name"],
+             "uid": meta["uid"]}
+    for attempt in (2, 1):
+        kept = kept_log(names, attempt, f"crashed-t{attempt}-0-abcde", "trainer",
+                        f"loading shard 1\nMemoryError: attempt {attempt}\n", owner)
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(kept))
+    shown = mtrl("logs", "crashed", "-n", cli_namespace)
+    assert (shown.code, shown.err) == (0, ""), shown
+    assert shown.out == (
+        "==> attempt 1: pod/crashed-t1-0-abcde (trainer), kept when it failed <==\n"
+        "loading shard 1\nMemoryError: attempt 1\n"
+        "==> attempt 2: pod/crashed-t2-0-abcde (trainer), kept when it failed <==\n"
+        "loading shard 1\nMemoryError: attempt 2\n"), shown.out
+    last = mtrl("logs", "crashed", "-n", cli_namespace, "--tail", "1")
+    assert last.out.splitlines()[1::2] == ["MemoryError: attempt 1", "MemoryError: attempt 2"]

@@ -171,6 +171,14 @@ def test_the_trainers_own_words_reach_the_run(cluster: LocalCluster, operator: O
         run["status"]["message"], run["status"]["message"]
     for name in ("misconfigured", "crashing"):
         wait_clean(cluster, names_of(get(cluster, namespace, name)))
+    # The pods are gone, and the GPUs with them; each failed attempt's log is kept with the run.
+    crashed = names_of(get(cluster, namespace, "crashing"))
+    for attempt in range(1, run["status"]["attempts"] + 1):
+        kept = json.loads(cluster.kubectl("get", "configmap", crashed.trainer_log(attempt), "-n",
+                                          namespace, "-o", "json").stdout)
+        assert kept["data"]["log"].startswith("loading shard 1\n"), kept["data"]
+        assert "MemoryError: CUDA out of memory on rank 3" in kept["data"]["log"], kept["data"]
+        assert kept["metadata"]["ownerReferences"][0]["uid"] == crashed.uid
 
 
 def test_a_trainer_no_node_can_take_says_so(cluster: LocalCluster, operator: OperatorProcess,

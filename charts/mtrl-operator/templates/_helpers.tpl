@@ -118,10 +118,14 @@ to objects the operator owns. */}}
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, list, watch, create, patch]
-# A failed trainer's pods, read for their termination message (the trainer's own words).
+# A failed trainer's pods, read for their termination message (the trainer's own words), and
+# the failed container's log tail, kept in a ConfigMap before the workload goes.
 - apiGroups: [""]
   resources: [pods]
   verbs: [list]
+- apiGroups: [""]
+  resources: [pods/log]
+  verbs: [get]
 # The trainer's rendezvous Service (Job launcher), deleted by its name (the Job's).
 - apiGroups: [""]
   resources: [services]

@@ -180,6 +180,18 @@ class Kube:
         return [_dict(obj) async for obj in
                 self.client.list(KINDS[kind], namespace=namespace, labels=labels)]
 
+    async def pod_log(self, name: str, namespace: str, container: str,
+                      tail_lines: int) -> str | None:
+        """The tail of a container's log (pods/log, as `kubectl logs --tail`); None when the
+        pod or its log is gone."""
+        try:
+            return "".join([line async for line in self.client.log(
+                name, namespace=namespace, container=container, tail_lines=tail_lines)])
+        except (ApiError, httpx.HTTPStatusError) as exc:
+            if _status_code(exc) in (400, 404):
+                return None
+            raise
+
     async def nodes(self) -> list[dict[str, Any]] | None:
         """Every node, read from the server; None when the operator may not list them."""
         try:

@@ -10,7 +10,12 @@ from mtrl_api import CONFIG_ERROR_EXIT_CODE, PROGRESS_KEY, TERMINATION_MESSAGE_P
 from mtrl_api.run import LauncherKind, MultiTurnRLRunSpec
 from mtrl_operator.builders import security
 from mtrl_operator.builders.env import CONFIG_DIR, CONFIG_FILE, as_k8s
-from mtrl_operator.naming import LABEL_ATTEMPT, RunNames
+from mtrl_operator.naming import (
+    COMPONENT_TRAINER_LOG,
+    LABEL_ATTEMPT,
+    TRAINER_LOG_KEY,
+    RunNames,
+)
 from mtrl_operator.reconcile.retries import RetryOwner, retry_owner
 
 RENDEZVOUS_PORT = 29500
@@ -52,6 +57,24 @@ def config_map(names: RunNames, spec: MultiTurnRLRunSpec, owner: dict[str, Any])
         "metadata": {"name": names.config_map, "namespace": names.namespace,
                      "labels": names.labels("config"), "ownerReferences": [owner]},
         "data": {CONFIG_FILE: json.dumps(spec.wire(), indent=2, sort_keys=True)},
+    }
+
+
+KEPT_LOG_BYTES = 64 * 1024  # of a failed attempt's log tail, kept in a ConfigMap
+
+
+def kept_log(names: RunNames, attempt: int, pod: str, container: str, text: str,
+             owner: dict[str, Any]) -> dict[str, Any]:
+    """A failed attempt's log tail, kept as long as the run (its owner) is: the workload and
+    its pods go at once, the GPUs with them, and the cause must stay readable."""
+    tail = text.encode()[-KEPT_LOG_BYTES:].decode(errors="ignore")
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": names.trainer_log(attempt), "namespace": names.namespace,
+                     "labels": {**names.labels(COMPONENT_TRAINER_LOG),
+                                LABEL_ATTEMPT: str(attempt)},
+                     "ownerReferences": [owner]},
+        "data": {TRAINER_LOG_KEY: tail, "pod": pod, "container": container},
     }
 
 

@@ -17,11 +17,13 @@ from mtrl_operator.builders import queues as queue_builders
 from mtrl_operator.builders import trainer as trainer_builders
 from mtrl_operator.builders import workers as worker_builders
 from mtrl_operator.builders.env import trainer_env, worker_env
-from mtrl_operator.naming import FINALIZER, RunNames, owner_reference
-from mtrl_operator.reconcile.run import Act, Decision, Observed
+from mtrl_operator.naming import FINALIZER, LABEL_ATTEMPT, RunNames, owner_reference
+from mtrl_operator.reconcile.observe import failed_containers
+from mtrl_operator.reconcile.run import Act, Decision, Observed, TrainerState
 from mtrl_operator.settings import Settings
 
 log = logging.getLogger("mtrl.controller")
+KEPT_LOG_LINES = 200  # of a failed trainer container's log, kept after its pods go
 
 
 def _queue_urls(obs: Observed) -> dict[str, str]:
@@ -69,7 +71,8 @@ class RunActions:
                 assert spec is not None
                 await self._ensure_trainer(body, names, spec, obs, decision.attempt)
             elif action == Act.DELETE_TRAINER:
-                await self._announce(body, names, action, await self._delete_trainers(names, obs))
+                await self._announce(body, names, action,
+                                     await self._delete_trainers(body, names, obs))
             elif action == Act.DELETE_WORKERS:
                 await self._announce(body, names, action,
                                      await self._delete_workers(names, spec, obs))
@@ -137,7 +140,30 @@ class RunActions:
                  extra={"run": f"{names.namespace}/{names.name}"})
         await self.kube.event(body, "Normal", TEARDOWN_EVENTS[action], message)
 
-    async def _delete_trainers(self, names: RunNames, obs: Observed) -> list[str]:
+    async def _keep_failed_log(self, body: dict[str, Any], names: RunNames, attempt: int) -> None:
+        """Before a failed attempt's workload goes (and its pods with it), the tail of the
+        failed container's log into a ConfigMap the run owns: readable (`mtrl logs`) until the
+        run is deleted, while the nodes are free at once."""
+        key = f"log-{attempt}"
+        if key in self._announced.setdefault(names.uid, set()):
+            return
+        pods = await self.kube.labelled("Pod", names.namespace, {
+            **names.labels("trainer"), LABEL_ATTEMPT: str(attempt)})
+        for pod, container in failed_containers(pods)[:1]:
+            text = await self.kube.pod_log(pod, names.namespace, container["name"],
+                                           tail_lines=KEPT_LOG_LINES)
+            if text is not None:
+                await self.kube.create(trainer_builders.kept_log(
+                    names, attempt, pod, container["name"], text, owner_reference(body)))
+                log.info("%s/%s: kept the log of %s (attempt %d) in ConfigMap %s",
+                         names.namespace, names.name, pod, attempt, names.trainer_log(attempt),
+                         extra={"run": f"{names.namespace}/{names.name}"})
+        self._announced[names.uid].add(key)
+
+    async def _delete_trainers(self, body: dict[str, Any], names: RunNames,
+                               obs: Observed) -> list[str]:
+        if obs.trainer is not None and obs.trainer.state == TrainerState.FAILED:
+            await self._keep_failed_log(body, names, obs.trainer.attempt)
         # What the reconcile observed, a live read included: a kind whose watch has not listed
         # yet (a CRD installed after the operator started) is not in the cache.
         deleted = []

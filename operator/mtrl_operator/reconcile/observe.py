@@ -80,27 +80,37 @@ def trainer_state(kind: str, obj: dict[str, Any], attempt: int) -> TrainerObserv
 MAX_CAUSE = 1024  # of the trainer's own words in the run's message
 
 
-def with_cause(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerObserved:
-    """A failed trainer, told in its own words: the termination message of a container of its
-    pods that failed (the trainer writes one line; with FallbackToLogsOnError the kubelet puts
-    the tail of the log there instead), its last line, and whether it was a configuration
-    error (exit code 2, or the message says so: torchrun exits 1 whatever its child did)."""
+def failed_containers(pods: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(pod name, container status) of every container that exited non-zero, init
+    containers first, in pod order."""
+    out = []
     for pod in pods:
         status = pod.get("status") or {}
         for container in [*(status.get("initContainerStatuses") or []),
                           *(status.get("containerStatuses") or [])]:
             terminated = (container.get("state") or {}).get("terminated") or {}
-            code = terminated.get("exitCode") or 0
-            if not code:
-                continue
-            lines = [line.strip() for line in (terminated.get("message") or "").splitlines()]
-            cause = next((line for line in reversed(lines) if line), "")
-            config_error = code == CONFIG_ERROR_EXIT_CODE or cause.startswith(CONFIG_ERROR_PREFIX)
-            told = f"{cause[:MAX_CAUSE]} (exit code {code})" if cause else f"exit code {code}"
-            return TrainerObserved(trainer.attempt, trainer.state,
-                                   f"{told}; {trainer.message}" if trainer.message else told,
-                                   config_error)
-    return trainer
+            if terminated.get("exitCode"):
+                out.append(((pod.get("metadata") or {}).get("name", ""), container))
+    return out
+
+
+def with_cause(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerObserved:
+    """A failed trainer, told in its own words: the termination message of a container of its
+    pods that failed (the trainer writes one line; with FallbackToLogsOnError the kubelet puts
+    the tail of the log there instead), its last line, and whether it was a configuration
+    error (exit code 2, or the message says so: torchrun exits 1 whatever its child did)."""
+    failed = failed_containers(pods)
+    if not failed:
+        return trainer
+    terminated = failed[0][1]["state"]["terminated"]  # the first failed container tells
+    code = terminated["exitCode"]
+    lines = [line.strip() for line in (terminated.get("message") or "").splitlines()]
+    cause = next((line for line in reversed(lines) if line), "")
+    config_error = code == CONFIG_ERROR_EXIT_CODE or cause.startswith(CONFIG_ERROR_PREFIX)
+    told = f"{cause[:MAX_CAUSE]} (exit code {code})" if cause else f"exit code {code}"
+    return TrainerObserved(trainer.attempt, trainer.state,
+                           f"{told}; {trainer.message}" if trainer.message else told,
+                           config_error)
 
 
 def with_placement(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerObserved:

@@ -215,3 +215,18 @@ def test_a_configuration_error_fails_the_job_at_once() -> None:
     container_name = container(job["spec"]["template"]["spec"])["name"]
     assert job["spec"]["podFailurePolicy"] == {"rules": [{"action": "FailJob", "onExitCodes": {
         "containerName": container_name, "operator": "In", "values": [2]}}]}
+
+
+def test_a_kept_log_is_the_tail_owned_by_the_run() -> None:
+    from mtrl_operator.builders.trainer import KEPT_LOG_BYTES, kept_log
+    from mtrl_operator.naming import RunNames
+
+    names = RunNames("ns", "run", "0f9e8d7c-1111-2222-3333-444455556666")
+    owner = {"apiVersion": "mtrl.dev/v1alpha1", "kind": "MultiTurnRLRun", "name": "run",
+             "uid": names.uid}
+    text = "".join(f"line {i}\n" for i in range(20000)) + "MemoryError: the end\n"
+    kept = kept_log(names, 3, "run-t3-0-x", "trainer", text, owner)
+    log = kept["data"]["log"]
+    assert len(log.encode()) <= KEPT_LOG_BYTES and log.endswith("MemoryError: the end\n")
+    assert kept["metadata"]["name"] == "run-t3-log" and kept["metadata"]["ownerReferences"] == [owner]
+    assert kept["metadata"]["labels"]["mtrl.dev/attempt"] == "3"
