@@ -125,7 +125,8 @@ def pod_logs(cluster: kube.Cluster, run: dict[str, Any], component: str, follow:
     failed = 0
     for pod in pods:
         if len(pods) > 1:
-            print(f"==> pod/{pod['metadata']['name']} (attempt {_attempt(pod)}) <==", flush=True)
+            attempt = f" (attempt {_attempt(pod)})" if component == "trainer" else ""
+            print(f"==> pod/{pod['metadata']['name']}{attempt} <==", flush=True)
         try:
             _write(cluster.pod_log(pod, follow=follow, tail_lines=tail), live=follow)
         except CliError as exc:

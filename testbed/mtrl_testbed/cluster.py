@@ -82,6 +82,11 @@ class LocalCluster:
     """Users whose requests the API server writes to `audit_log` (one line per request)."""
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Kubeconfigs name certificate files by path, and client-go reads a relative one
+        # relative to the kubeconfig's folder: `make dev-up` passes `.cluster`.
+        self.root = Path(self.root).resolve()
+
     # ------------------------------------------------------------------ paths and clients
 
     @property

@@ -55,6 +55,13 @@ def test_logs_of_several_pods_come_under_a_header_each(
     logs = mtrl("logs", "retried", "-n", cli_namespace)
     assert logs.out.splitlines() == ["==> pod/retried-t1-0 (attempt 1) <==", "first attempt",
                                      "==> pod/retried-t2-0 (attempt 2) <==", "second attempt"]
+    # Workers have no attempts: their headers name the pod only.
+    for worker in ("retried-workers-a", "retried-workers-b"):
+        make_pod(cluster, run, worker, f"print('{worker}')", component="worker")
+        _finished(cluster, cli_namespace, worker)
+    workers = mtrl("logs", "retried", "-n", cli_namespace, "--worker")
+    assert workers.out.splitlines() == ["==> pod/retried-workers-a <==", "retried-workers-a",
+                                        "==> pod/retried-workers-b <==", "retried-workers-b"]
 
 
 def test_follow_prints_lines_as_they_come_until_the_container_exits(
