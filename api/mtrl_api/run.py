@@ -665,7 +665,7 @@ class Progress(ApiModel):
         max_length=VALIDATION_HISTORY, json_schema_extra=list_map("step"))] = Field(
         default_factory=list)
     """Every evaluation's success rate by step, the newest last (at most 64)."""
-    latest_checkpoint: Annotated[str, Field(max_length=1300)] | None = None
+    latest_checkpoint: Annotated[str, Field(max_length=1500)] | None = None
     """The newest committed checkpoint (<outputUri>/checkpoints/step-NNNNNN/), what a retry
     resumes from."""
     tokens_per_second: float | None = Field(None, ge=0.0)
@@ -725,12 +725,12 @@ class MultiTurnRLRunStatus(ApiModel):
     the create call: a workload of this attempt that is gone later is never created again."""
     observed_attempt: int = Field(0, ge=0)
     """The newest trainer attempt whose workload the operator has seen exist."""
-    adapter_uri: Annotated[str, Field(max_length=1300)] | None = None
+    adapter_uri: Annotated[str, Field(max_length=1500)] | None = None
     """The newest trained LoRA adapter, in peft format (<outputUri>/adapter/), once a
     checkpoint is saved: what to serve."""
-    output_uri: Annotated[str, Field(max_length=1200)] | None = None
+    output_uri: Annotated[str, Field(max_length=1400)] | None = None
     """Where this run writes its adapter (adapter/), checkpoints (checkpoints/) and metrics:
-    <spec.output.s3Uri>/<namespace>/<name>/<uid>."""
+    <spec.output.s3Uri>/<namespace>/<name>/<uid> (up to 1024 + 63 + 253 + 36 + 3 characters)."""
     resources: ResourceRefs = Field(default_factory=ResourceRefs)
     """Everything the operator created for the run."""
     progress: Progress = Field(default_factory=Progress)

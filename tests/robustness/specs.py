@@ -21,6 +21,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from mtrl_api.run import RANDOM_MODEL_PRESETS
 from tests.operator.runs import SUCCEED
 
 INJECTIONS = ['"; rm -rf /', "$(id)", "`id`", "{{.Values}}", "' OR 1=1 --", "${HOME}",
@@ -91,17 +92,31 @@ def names(broken: bool) -> st.SearchStrategy[str]:
                      st.just("-lead"), st.just("a_b"), st.just("a/b"))
 
 
+# Model names the schema takes: a Hugging Face repo id ([org/]name), an s3:// prefix, an
+# absolute path in the image (anything after the slash but a line break), a random preset.
+_HUB_PART = st.from_regex(r"\A[A-Za-z0-9_]([A-Za-z0-9_.-]{0,30}[A-Za-z0-9_])?\Z").filter(
+    lambda part: "--" not in part and ".." not in part)
+MODEL_NAMES = st.one_of(
+    _HUB_PART, st.builds(lambda org, name: f"{org}/{name}", _HUB_PART, _HUB_PART),
+    st.builds(lambda key: f"s3://mtrl-models/{key}", _HUB_PART),
+    hostile_text(1, 500).filter(lambda t: "\n" not in t).map(lambda t: f"/{t}"),
+    st.sampled_from([f"random:{preset}" for preset in RANDOM_MODEL_PRESETS]))
+
+
 def models(broken: bool) -> st.SearchStrategy[dict[str, Any]]:
     if broken:
         return st.one_of(
             st.fixed_dictionaries({"name": st.one_of(st.just(""), hostile_text(513, 2000))}),
+            st.fixed_dictionaries({"name": st.sampled_from([
+                "random:huge", "Qwen/Qwen2.5/7B", "Qwen 2.5", "org/x--y", "https://hub/x/y",
+                "relative/path/../up"])}),
             st.fixed_dictionaries({"name": st.just("m"), "dtype": hostile_text()}),
             st.fixed_dictionaries({"name": st.just("m"), "lora": st.fixed_dictionaries(
                 {"rank": bad_int(1, 1024)})}),
             st.fixed_dictionaries({"name": st.just("m"),
                                    "maxSequenceLength": bad_int(128, 262144)}))
     return st.fixed_dictionaries(
-        {"name": hostile_text(1, 512), "dtype": st.just("float32")},
+        {"name": MODEL_NAMES, "dtype": st.just("float32")},
         optional={"revision": hostile_text(0, 128),
                   "lora": st.fixed_dictionaries({"rank": st.integers(1, 1024),
                                                  "dropout": st.floats(0, 1)})})
