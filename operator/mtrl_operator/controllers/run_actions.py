@@ -17,9 +17,8 @@ from mtrl_operator.builders import queues as queue_builders
 from mtrl_operator.builders import trainer as trainer_builders
 from mtrl_operator.builders import workers as worker_builders
 from mtrl_operator.builders.env import trainer_env, worker_env
-from mtrl_operator.naming import FINALIZER, LABEL_ATTEMPT, RunNames, owner_reference
-from mtrl_operator.reconcile.observe import failed_containers
-from mtrl_operator.reconcile.run import Act, Decision, Observed, TrainerState
+from mtrl_operator.naming import FINALIZER, RunNames, owner_reference
+from mtrl_operator.reconcile.run import Act, Decision, Observed, TrainerObserved, TrainerState
 from mtrl_operator.settings import Settings
 
 log = logging.getLogger("mtrl.controller")
@@ -140,30 +139,29 @@ class RunActions:
                  extra={"run": f"{names.namespace}/{names.name}"})
         await self.kube.event(body, "Normal", TEARDOWN_EVENTS[action], message)
 
-    async def _keep_failed_log(self, body: dict[str, Any], names: RunNames, attempt: int) -> None:
+    async def _keep_failed_log(self, body: dict[str, Any], names: RunNames,
+                               trainer: TrainerObserved) -> None:
         """Before a failed attempt's workload goes (and its pods with it), the tail of the
-        failed container's log into a ConfigMap the run owns: readable (`mtrl logs`) until the
-        run is deleted, while the nodes are free at once."""
-        key = f"log-{attempt}"
-        if key in self._announced.setdefault(names.uid, set()):
+        log of the container that told its cause (read by the reconcile) into a ConfigMap the
+        run owns: readable (`mtrl logs`) until the run is deleted, while the nodes are free."""
+        key = f"log-{trainer.attempt}"
+        if trainer.failed_in is None or key in self._announced.setdefault(names.uid, set()):
             return
-        pods = await self.kube.labelled("Pod", names.namespace, {
-            **names.labels("trainer"), LABEL_ATTEMPT: str(attempt)})
-        for pod, container in failed_containers(pods)[:1]:
-            text = await self.kube.pod_log(pod, names.namespace, container["name"],
-                                           tail_lines=KEPT_LOG_LINES)
-            if text is not None:
-                await self.kube.create(trainer_builders.kept_log(
-                    names, attempt, pod, container["name"], text, owner_reference(body)))
-                log.info("%s/%s: kept the log of %s (attempt %d) in ConfigMap %s",
-                         names.namespace, names.name, pod, attempt, names.trainer_log(attempt),
-                         extra={"run": f"{names.namespace}/{names.name}"})
+        pod, container = trainer.failed_in
+        text = await self.kube.pod_log(pod, names.namespace, container, tail_lines=KEPT_LOG_LINES)
+        if text is not None:
+            await self.kube.create(trainer_builders.kept_log(
+                names, trainer.attempt, pod, container, text, owner_reference(body)))
+            log.info("%s/%s: kept the log of %s (attempt %d) in ConfigMap %s",
+                     names.namespace, names.name, pod, trainer.attempt,
+                     names.trainer_log(trainer.attempt),
+                     extra={"run": f"{names.namespace}/{names.name}"})
         self._announced[names.uid].add(key)
 
     async def _delete_trainers(self, body: dict[str, Any], names: RunNames,
                                obs: Observed) -> list[str]:
         if obs.trainer is not None and obs.trainer.state == TrainerState.FAILED:
-            await self._keep_failed_log(body, names, obs.trainer.attempt)
+            await self._keep_failed_log(body, names, obs.trainer)
         # What the reconcile observed, a live read included: a kind whose watch has not listed
         # yet (a CRD installed after the operator started) is not in the cache.
         deleted = []

@@ -102,7 +102,8 @@ def with_cause(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerO
     failed = failed_containers(pods)
     if not failed:
         return trainer
-    terminated = failed[0][1]["state"]["terminated"]  # the first failed container tells
+    pod, container = failed[0]  # the first failed container tells
+    terminated = container["state"]["terminated"]
     code = terminated["exitCode"]
     lines = [line.strip() for line in (terminated.get("message") or "").splitlines()]
     cause = next((line for line in reversed(lines) if line), "")
@@ -110,7 +111,7 @@ def with_cause(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerO
     told = f"{cause[:MAX_CAUSE]} (exit code {code})" if cause else f"exit code {code}"
     return TrainerObserved(trainer.attempt, trainer.state,
                            f"{told}; {trainer.message}" if trainer.message else told,
-                           config_error)
+                           config_error, failed_in=(pod, container["name"]))
 
 
 def with_placement(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerObserved:

@@ -73,6 +73,7 @@ class TrainerObserved:
     message: str = ""
     config_error: bool = False  # the trainer said retrying cannot help
     unschedulable: bool = False  # the scheduler said no node fits its pods
+    failed_in: tuple[str, str] | None = None  # (pod, container) whose failure told the cause
 
 
 @dataclass(frozen=True)
