@@ -35,6 +35,10 @@ from tests.operator.runs import (
 pytestmark = [pytest.mark.cluster, pytest.mark.aws, pytest.mark.slow]
 MAX_STEPS = 90  # a safety net; the loop ends when a run finishes before its crash point
 BATCH = 6
+# Six operators start at once beside the test bed, so on a loaded 2-core machine one may be
+# starved for longer than the test bed's 6 s renew deadline, lose its Lease and exit 1 before
+# its failpoint (CI saw it). A longer Lease costs each batch's takeover 12 s more.
+LEASE = {"MTRL_LEASE_DURATION_SECONDS": "20", "MTRL_RENEW_DEADLINE_SECONDS": "15"}
 
 
 def _finished_and_clean(cluster: LocalCluster, namespace: str, operator_id: str) -> bool:
@@ -43,6 +47,11 @@ def _finished_and_clean(cluster: LocalCluster, namespace: str, operator_id: str)
         return False
     names = names_of(run, operator_id=operator_id)
     return not aws_leftovers(names) and not k8s_leftovers(cluster, namespace, names.uid)
+
+
+def _errors(proc: OperatorProcess) -> list[str]:
+    lines = proc.log_path.read_text(errors="replace").splitlines()
+    return [line for line in lines if '"level": "error"' in line or "Traceback" in line][-5:]
 
 
 def _check_exactly_once(cluster: LocalCluster, namespace: str, operator_id: str, k: int) -> None:
@@ -71,7 +80,7 @@ def test_kill_at_every_step(cluster: LocalCluster,
             namespace = f"crash-{k}-{uuid.uuid4().hex[:5]}"
             cluster.kubectl("create", "namespace", namespace)
             env = {"MTRL_OPERATOR_ID": f"crash-{k}", "MTRL_NAMESPACES": namespace,
-                   "MTRL_SWEEP_INTERVAL_SECONDS": "0"}
+                   "MTRL_SWEEP_INTERVAL_SECONDS": "0", **LEASE}
             apply(cluster, namespace, run_manifest("crashy", workers={
                 "backend": "ecs-fargate", "cpu": 256, "memory": 512, "minReplicas": 1,
                 "maxReplicas": 3}))
@@ -85,7 +94,9 @@ def test_kill_at_every_step(cluster: LocalCluster,
                 first.stop()
                 finished_within = min(finished_within or k, k)
                 continue
-            assert first.wait(5) == 137
+            code = first.wait(5)
+            assert code == 137, (f"step {k}: the operator exited {code}, not at its failpoint: "
+                                 f"{_errors(first)}")
             crashed_at.append(k)
             seconds.append((k, namespace, operator_factory(**env)))
         try:
