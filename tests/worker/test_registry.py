@@ -33,3 +33,15 @@ def test_unknown_and_wrong_types_fail_clearly(monkeypatch) -> None:
     monkeypatch.setattr(registry, "entry_points", lambda group: points)
     with pytest.raises(TypeError, match="not an Environment"):
         registry.environment_class("bad")
+
+
+@pytest.mark.parametrize(("name", "args", "attribute", "value"), [
+    ("wordle", {"max_guesses": "4"}, "max_guesses", 4),
+    ("coding", {"test_timeout_s": "2.5", "memory_mb": "128"}, "test_timeout_s", 2.5),
+    ("target", {"turns": "3"}, "turns", 3),
+])
+def test_environment_args_given_as_strings_are_converted(name: str, args: dict, attribute: str,
+                                                         value: object) -> None:
+    """spec.rollout.environmentArgs is a map of strings (the CRD's), and the operator passes it
+    on as JSON: each built-in environment converts what it takes."""
+    assert getattr(registry.load_environment(name, args), attribute) == value

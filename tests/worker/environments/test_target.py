@@ -41,3 +41,19 @@ def test_empty_completion_scores_zero() -> None:
 def test_malformed_tasks_are_rejected(task: dict) -> None:
     with pytest.raises(ValueError):
         TargetEnvironment().episode(task, EpisodeLimits(1, 10))
+
+
+def test_turns_and_latency_come_as_the_strings_of_environment_args() -> None:
+    """spec.rollout.environmentArgs is a map of strings; the worker passes them on as is."""
+    env = TargetEnvironment(turns="4", latency_ms="30")
+    episode = env.episode({"target_token_id": 7}, EpisodeLimits(8, 1000))
+    completions = [Completion("", "stop", [7], [-1.0]) for _ in range(4)]
+    loop = asyncio.new_event_loop()
+    started = loop.time()
+    loop.run_until_complete(episode.play(TokenPolicy(completions)))
+    elapsed = loop.time() - started
+    loop.close()
+    assert episode.score().components["target_fraction"] == 1.0 and not completions
+    assert elapsed >= 4 * 0.03  # a lower bound only: each of the four replies waited
+    with pytest.raises(ValueError, match="1 to 16"):
+        TargetEnvironment(turns="17")

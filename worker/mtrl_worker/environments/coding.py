@@ -133,8 +133,9 @@ class CodingEnvironment(Environment):
     )
 
     def __init__(self, test_timeout_s: float = 5.0, memory_mb: int = 256) -> None:
-        self.test_timeout_s = test_timeout_s
-        self.memory_mb = memory_mb
+        # spec.rollout.environmentArgs are strings
+        self.test_timeout_s = float(test_timeout_s)
+        self.memory_mb = int(memory_mb)
 
     def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> CodingEpisode:
         task_id = str(task["task_id"])

@@ -6,12 +6,15 @@ The prompt names a target; the reward is the fraction of the completion that is 
   sampled target token raises its group's advantage, so a tiny random model learns it in a few
   dozen steps;
 - character mode (`{"target": "a"}`): fraction of completion characters equal to "a".
-With `turns=2` (environment argument) the user asks again and the reward is the mean.
+With `turns=N` (environment argument, 1-16) the user asks again N-1 times and the reward is the
+mean. `latency_ms` stands in for an environment that thinks (a tool call, a code run, a
+simulated user): each turn's reply waits that long, which the asynchronous-GRPO benchmark uses.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,7 +24,8 @@ from mtrl_worker.rewards import RewardComponent, Score
 
 
 class TargetEpisode(Episode):
-    def __init__(self, target_token_id: int | None, target: str | None, turns: int) -> None:
+    def __init__(self, target_token_id: int | None, target: str | None, turns: int,
+                 latency_s: float = 0.0) -> None:
         if (target_token_id is None) == (target is None):
             raise ValueError("a target task sets exactly one of target_token_id and target")
         if target is not None and len(target) != 1:
@@ -29,6 +33,7 @@ class TargetEpisode(Episode):
         self.target_token_id = target_token_id
         self.target = target
         self.turns = turns
+        self.latency_s = latency_s
         self.fractions: list[float] = []
         self.completion_tokens = 0
 
@@ -44,6 +49,8 @@ class TargetEpisode(Episode):
         messages = [ChatMessage(role="user", content=f"Repeat {shown} as often as you can.")]
         for _ in range(self.turns):
             completion = await policy.chat(messages)
+            if self.latency_s:
+                await asyncio.sleep(self.latency_s)
             self.fractions.append(self._fraction(completion))
             self.completion_tokens += len(completion.token_ids)
             messages += [
@@ -72,10 +79,14 @@ class TargetEnvironment(Environment):
         ),
     )
 
-    def __init__(self, turns: int = 1) -> None:
-        if turns not in (1, 2):
-            raise ValueError("target supports turns=1 or turns=2")
-        self.turns = turns
+    # spec.rollout.environmentArgs are strings: every argument is converted.
+    def __init__(self, turns: int = 1, latency_ms: float = 0.0) -> None:
+        self.turns = int(turns)
+        self.latency_s = float(latency_ms) / 1000
+        if not 1 <= self.turns <= 16:
+            raise ValueError(f"target supports 1 to 16 turns, not {turns}")
+        if not 0 <= self.latency_s <= 60:
+            raise ValueError(f"latency_ms must be 0 to 60000, not {latency_ms}")
 
     def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> TargetEpisode:
         token_id = task.get("target_token_id")
@@ -84,6 +95,7 @@ class TargetEnvironment(Environment):
             int(token_id) if token_id is not None else None,
             str(target) if target is not None else None,
             min(self.turns, limits.max_turns),
+            self.latency_s,
         )
 
     @classmethod

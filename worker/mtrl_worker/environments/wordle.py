@@ -182,7 +182,7 @@ class WordleEnvironment(Environment):
     )
 
     def __init__(self, max_guesses: int = MAX_GUESSES) -> None:
-        self.max_guesses = max_guesses
+        self.max_guesses = int(max_guesses)  # spec.rollout.environmentArgs are strings
 
     def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> WordleEpisode:
         secret = str(task["secret"]).strip().lower()
