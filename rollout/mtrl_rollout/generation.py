@@ -17,6 +17,7 @@ from mtrl_rollout.batching import Outbox
 from mtrl_rollout.deadletter import dead_letter
 from mtrl_rollout.offload import Codec, PayloadTooLarge
 from mtrl_rollout.protocol import GenerateRequest, GenerateResponse, ProtocolError
+from mtrl_rollout.ratelimit import TokenBucket
 from mtrl_rollout.sqs import Outgoing, Received, Sqs
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class GenerationServer:
         max_batch: int = 64,
         max_wait_s: float = 0.0,
         wait_s: int = 1,
+        rate: TokenBucket | None = None,
     ) -> None:
         self._sqs = sqs
         self._queue_url = generate_queue_url
@@ -48,6 +50,7 @@ class GenerationServer:
         self._max_batch = max_batch
         self._max_wait_s = max_wait_s
         self._wait_s = wait_s
+        self._rate = rate
         self._inbox: asyncio.Queue[tuple[GenerateRequest, Received]] = asyncio.Queue()
         self.served = 0
 
@@ -90,6 +93,9 @@ class GenerationServer:
             first = await asyncio.wait_for(self._inbox.get(), timeout=0.2)
         except TimeoutError:
             return []
+        if self._rate is not None:  # one request at a time at the capped rate
+            await self._rate.acquire()
+            return [first]
         batch = [first]
         deadline = time.monotonic() + self._max_wait_s
         while len(batch) < self._max_batch:

@@ -167,6 +167,29 @@ async def test_collector_keeps_one_result_per_sample(aws_env, queues) -> None:
     sqs.close()
 
 
+async def test_collector_keeps_results_of_steps_played_ahead(aws_env, queues) -> None:
+    """Asynchronous GRPO: while step 1 collects, results of step 2 (published ahead) arrive;
+    they are kept for step 2's collect. Unexpected ones (a past step's stragglers) and
+    forgotten ones are dropped."""
+    sqs = Sqs(pool_size=8)
+    collector = ResultCollector(sqs, queues.result_url, queues.dlq_url)
+    collector.expect(["s1-0", "s2-0", "s2-1"])
+    for sample in ["s2-0", "s0-9", "s2-1", "s1-0"]:
+        await sqs.send(queues.result_url, Outgoing(encode(_result(sample))))
+    assert sorted(await collector.collect(["s1-0"], timeout_s=10)) == ["s1-0"]
+    collector.forget(["s1-0"])
+    # step 2's were received (and deleted from the queue) by step 1's collect, or come now
+    assert sorted(await collector.collect(["s2-0", "s2-1"], timeout_s=10)) == ["s2-0", "s2-1"]
+    collector.forget(["s2-0", "s2-1"])
+    await sqs.send(queues.result_url, Outgoing(encode(_result("s2-9"))))
+    collector.expect(["s3-0"])
+    await sqs.send(queues.result_url, Outgoing(encode(_result("s3-0"))))
+    assert sorted(await collector.collect(["s3-0"], timeout_s=10)) == ["s3-0"]
+    assert not collector._kept  # nothing unexpected was kept
+    await collector.aclose()
+    sqs.close()
+
+
 async def test_generation_server_answers_on_the_named_reply_queue(
     aws_env, queues, sqs_client, prefix
 ) -> None:
@@ -202,6 +225,40 @@ async def test_generation_server_answers_on_the_named_reply_queue(
     assert [json.loads(m.body)["request_id"] for m in replies] == ["live"]
     assert json.loads(replies[0].body)["error"] == "echo hi"
     sqs.close()
+
+
+async def test_generation_server_answers_at_most_its_rate(aws_env, queues, sqs_client, prefix) -> None:
+    """spec.rollout.maxPolicyRequestsPerSecond: 30 queued requests at 20/s take at least half a
+    second beyond the first second's burst of 20; each one is still answered."""
+    from mtrl_rollout.generation import error_response
+    from mtrl_rollout.ratelimit import TokenBucket
+
+    reply_url = sqs_client.create_queue(QueueName=f"{prefix}-reply-rate")["QueueUrl"]
+    sqs = Sqs(pool_size=8)
+    answered: list[float] = []
+
+    async def sample(requests):
+        answered.extend(asyncio.get_running_loop().time() for _ in requests)
+        return [error_response(r, "ok") for r in requests]
+
+    server = GenerationServer(sqs, queues.generate_url, queues.dlq_url, sample, max_batch=64,
+                              rate=TokenBucket(20))
+    base = dict(run_id="uid", step=0, group_id="g", sample_id="s", policy_version=0, turn=0,
+                reply_queue_url=reply_url, messages=[ChatMessage(role="user", content="hi")])
+    for i in range(30):
+        await sqs.send(queues.generate_url, Outgoing(encode(GenerateRequest(**base, request_id=f"r{i}"))))
+    stop = asyncio.Event()
+    serving = asyncio.create_task(server.serve(stop))
+    replies = []
+    for _ in range(60):
+        replies += await sqs.receive(reply_url, wait_s=1)
+        if len(replies) >= 30:
+            break
+    stop.set()
+    await serving
+    sqs.close()
+    assert sorted(json.loads(m.body)["request_id"] for m in replies) == sorted(f"r{i}" for i in range(30))
+    assert answered[-1] - answered[0] >= 0.45  # 10 beyond the burst at 20/s
 
 
 async def test_oversized_payload_round_trips_through_s3(aws_env, queues, bucket, s3_client) -> None:
