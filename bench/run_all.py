@@ -33,6 +33,8 @@ BENCHES = [
      [PY, "bench/memory_bench.py"]),
     ("Trainer: GPT-OSS-20B shapes on CPU (issue 14)",
      [PY, "bench/gpt_oss_cpu.py"]),
+    ("Trainer: asynchronous GRPO, synchronous vs maxStepsOffPolicy 1 and 2 (issue 15)",
+     [PY, "bench/async_bench.py"]),
     ("Trainer: GPU readiness check, CPU dry run (P6 needs a GPU: see below)",
      ["bash", "bench/gpu_check.sh", "--tiny"]),
 ]

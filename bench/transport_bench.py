@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import time
 import uuid
-from contextlib import ExitStack
 
 import boto3
 
@@ -32,6 +30,7 @@ from mtrl_rollout.protocol import (
 )
 from mtrl_rollout.queues import create_queue, create_run_queues, resource_tags
 from mtrl_rollout.sqs import MAX_BATCH, Outgoing, Sqs
+from mtrl_testbed.moto import aws_endpoint
 from mtrl_worker.policy import PolicyClient
 
 BODY = "x" * 512  # a small rollout request
@@ -213,11 +212,5 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--turns", type=int, default=100)
     arguments = parser.parse_args()
-    with ExitStack() as stack:
-        if "AWS_ENDPOINT_URL" not in os.environ:
-            from mtrl_testbed.moto import MotoServer
-
-            server = MotoServer().start()
-            stack.callback(server.stop)
-            os.environ.update(server.env())
+    with aws_endpoint():
         asyncio.run(main(arguments))

@@ -192,6 +192,10 @@ class TurnRecord(_Strict):
     completion_token_ids: TokenIds
     completion_logprobs: list[Annotated[float, Field(le=0)]]
     finish_reason: Literal["stop", "length"]
+    reward: float | None = Field(
+        default=None, description="The environment's reward for this turn, when it gives one "
+        "per turn (grpo.advantageLevel: turn trains on them); the episode's reward stays "
+        "aggregate_reward_score.")
 
     @model_validator(mode="after")
     def _aligned(self) -> TurnRecord:

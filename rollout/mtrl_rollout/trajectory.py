@@ -20,9 +20,12 @@ class FlatSequence:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # 0.0 where loss_mask is 0
     turns: list[int] = field(default_factory=list)
+    token_turns: list[int] = field(default_factory=list)  # the turn each token leads to
 
-    def _extend(self, tokens: list[int], trained: bool, logprobs: list[float] | None) -> None:
+    def _extend(self, tokens: list[int], trained: bool, logprobs: list[float] | None,
+                turn: int) -> None:
         self.token_ids.extend(tokens)
+        self.token_turns.extend([turn] * len(tokens))
         self.loss_mask.extend([int(trained)] * len(tokens))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(tokens))
 
@@ -35,7 +38,7 @@ def flatten(turns: list[TurnRecord]) -> list[FlatSequence]:
         if current is None or prompt[: len(current.token_ids)] != current.token_ids:
             current = FlatSequence()
             sequences.append(current)
-        current._extend(prompt[len(current.token_ids) :], trained=False, logprobs=None)
-        current._extend(record.completion_token_ids, True, record.completion_logprobs)
+        current._extend(prompt[len(current.token_ids) :], False, None, record.turn)
+        current._extend(record.completion_token_ids, True, record.completion_logprobs, record.turn)
         current.turns.append(record.turn)
     return sequences

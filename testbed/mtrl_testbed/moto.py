@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,3 +126,18 @@ class MotoServer:
             self._proc.kill()
             self._proc.wait()
         self._proc = None
+
+
+@contextlib.contextmanager
+def aws_endpoint() -> Iterator[None]:
+    """The AWS endpoint a benchmark talks to: $AWS_ENDPOINT_URL when set, else a moto server of
+    its own (with its environment in os.environ) for the duration."""
+    if "AWS_ENDPOINT_URL" in os.environ:
+        yield
+        return
+    server = MotoServer().start()
+    os.environ.update(server.env())
+    try:
+        yield
+    finally:
+        server.stop()

@@ -124,6 +124,20 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("model-hub-id-with-space", {"model": {"name": "Qwen 2.5 7B"}}, "spec.model.name"),
     ("model-url", {"model": {"name": "https://huggingface.co/Qwen/Qwen2.5-7B"}},
      "spec.model.name"),
+    # asynchronous GRPO and its kin (issue 15)
+    ("off-policy-bound-too-far", {"grpo": {"maxStepsOffPolicy": 9}}, "spec.grpo.maxStepsOffPolicy"),
+    ("correction-mode-unknown", {"grpo": {"rolloutCorrection": {"mode": "geometric"}}},
+     "spec.grpo.rolloutCorrection.mode"),
+    ("correction-threshold-below-one", {"grpo": {"rolloutCorrection": {"threshold": 0.5}}},
+     "spec.grpo.rolloutCorrection.threshold"),
+    ("advantage-level-unknown", {"grpo": {"advantageLevel": "token"}},
+     "spec.grpo.advantageLevel"),
+    ("pass-at-zero", {"dataset": {"evalPassAtK": [0]}}, "spec.dataset.evalPassAtK[0]"),
+    ("pass-at-k-repeated", {"dataset": {"evalPassAtK": [1, 1]}}, "spec.dataset.evalPassAtK[1]"),
+    ("no-episodes-in-flight", {"rollout": {"maxEpisodesInFlight": 0}},
+     "spec.rollout.maxEpisodesInFlight"),
+    ("policy-rate-zero", {"rollout": {"maxPolicyRequestsPerSecond": 0}},
+     "spec.rollout.maxPolicyRequestsPerSecond"),
 ]
 
 # Well-formed values of the same fields: the rules above must not refuse them.
@@ -143,6 +157,11 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("model-s3", {"model": {"name": "s3://models/qwen/Qwen2.5-7B/"}}),
     ("model-path", {"model": {"name": "/opt/models/qwen"}}),
     ("model-bare-hub-id", {"model": {"name": "gpt2"}}),
+    ("async-grpo", {"grpo": {"maxStepsOffPolicy": 2, "dynamicSamplingRounds": 3,
+                             "advantageLevel": "turn",
+                             "rolloutCorrection": {"mode": "sequence", "threshold": 5}},
+                    "rollout": {"maxEpisodesInFlight": 64, "maxPolicyRequestsPerSecond": 2.5},
+                    "dataset": {"evalPassAtK": [1, 8, 64]}}),
     ("s3", {"output": {"s3Uri": "s3://my.outputs-1"},
             "dataset": {"inline": DELETE, "s3": {"trainUri": "s3://abc/tasks/train.jsonl",
                                                  "validationUri": "s3://abc/v.jsonl"}}}),

@@ -20,6 +20,7 @@ def test_prefix_consistent_turns_become_one_sequence_with_environment_masked() -
     assert seq.loss_mask == [0, 0, 1, 1, 0, 0, 1]  # prompt, completion, env feedback, completion
     assert seq.logprobs == [0.0, 0.0, -0.5, -0.5, 0.0, 0.0, -0.5]
     assert seq.turns == [0, 1]
+    assert seq.token_turns == [0, 0, 0, 0, 1, 1, 1]  # environment text leads to the next turn
 
 
 def test_a_broken_prefix_starts_a_new_sequence_instead_of_retokenizing() -> None:

@@ -110,6 +110,12 @@ class TrainingRun:
     def progress_path(self) -> Path:
         return ARTIFACTS / f"{self.prefix}-progress.json"
 
+    def metrics(self, spec: dict[str, Any]) -> list[dict[str, Any]]:
+        """The run's metrics.jsonl: one report per step."""
+        bucket, _, prefix = self.output_uri(spec).removeprefix("s3://").partition("/")
+        body = boto3.client("s3").get_object(Bucket=bucket, Key=f"{prefix}/metrics.jsonl")["Body"]
+        return [json.loads(line) for line in body.read().decode().splitlines()]
+
     def progress(self) -> dict[str, Any] | None:
         try:
             return json.loads(self.progress_path.read_text())

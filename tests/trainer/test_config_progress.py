@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from mtrl_api.run import MultiTurnRLRunStatus
 from mtrl_trainer.__main__ import main
 from mtrl_trainer.config import ConfigError, TrainerConfig
 from mtrl_trainer.progress import ComponentReport, FileSink, Progress, ProgressReport
@@ -53,11 +54,17 @@ def test_progress_file_schema(tmp_path: Path) -> None:
         step=3, total_steps=10, reward_mean=0.5, reward_std=0.1, success_rate=0.25,
         zero_variance_fraction=0.5, validation_success_rate=None, tokens_per_second=100.0,
         components=[ComponentReport("target_fraction", 0.5, 0.1, 0.5)], policy_version=3,
+        validation_pass_at_k={4: 0.75, 1: 0.25}, training={"isWeightMean": 0.98},
     ))
     body = json.loads(path.read_text())
     assert set(body) == {"step", "totalSteps", "rewardMean", "rewardStd", "successRate",
-                         "zeroVarianceFraction", "validationSuccessRate", "tokensPerSecond",
-                         "components", "policyVersion", "updatedAt"}
+                         "zeroVarianceFraction", "validationSuccessRate", "validationPassAtK",
+                         "tokensPerSecond", "components", "policyVersion", "updatedAt",
+                         "isWeightMean"}
+    assert body["validationPassAtK"] == [{"k": 1, "value": 0.25}, {"k": 4, "value": 0.75}]
+    # What the operator copies into status.progress
+    status = MultiTurnRLRunStatus.model_validate({"progress": body}).progress
+    assert [(p.k, p.value) for p in status.validation_pass_at_k] == [(1, 0.25), (4, 0.75)]
     assert body["components"] == [{"name": "target_fraction", "mean": 0.5, "std": 0.1,
                                    "zeroVarianceFraction": 0.5}]
     assert body["updatedAt"].endswith("Z")

@@ -60,6 +60,46 @@ def test_turns_of_an_episode_reuse_its_prefix_and_updates_bump_the_version() -> 
     assert svc.served[f"{ATTEMPT}-1"] == 3
 
 
+def test_an_update_waits_only_for_the_completions_being_decoded() -> None:
+    """Asynchronous GRPO feeds the sampler without pause: eight episodes ask again the moment
+    they are answered. An update (Run._update: paused, then the model lock) still gets the lock
+    after the completions in flight, not when the stream ends; what is answered after it is
+    sampled by the new version, and no completion straddles the two."""
+    svc = service(max_new=4)
+    episodes, turns = 8, 6
+    served_at_update: list[int] = []
+
+    def update() -> None:
+        with svc.paused(), svc._lock:
+            served_at_update.append(sum(svc.served.values()))
+            svc.update_policy(1)
+
+    async def play() -> list[int]:
+        versions: list[int] = []
+        streaming = asyncio.Event()  # a few answers are out: the stream is going
+
+        async def episode(i: int) -> None:
+            for turn in range(turns):
+                hello = [ChatMessage(role="user", content=f"episode {i} turn {turn}")]
+                [answer] = await svc.sample([request(f"{ATTEMPT}-{i}", turn, hello)])
+                assert answer.error is None
+                versions.append(answer.policy_version)
+                if len(versions) >= 4:
+                    streaming.set()
+
+        async def updater() -> None:
+            await streaming.wait()
+            await asyncio.to_thread(update)
+
+        await asyncio.gather(updater(), *(episode(i) for i in range(episodes)))
+        return versions
+
+    versions = asyncio.run(play())
+    svc.close()
+    assert served_at_update[0] < episodes * turns // 2, served_at_update
+    assert versions == sorted(versions) and versions[-1] == 1 and versions[0] == 0
+
+
 def test_refusals_and_a_failing_decoder_answer_with_errors() -> None:
     svc = service()
     hello = [ChatMessage(role="user", content="hi")]
@@ -77,7 +117,7 @@ def test_refusals_and_a_failing_decoder_answer_with_errors() -> None:
     assert errors[1] == "episode token budget exhausted"
     assert errors[2] is None
 
-    def broken() -> None:
+    def broken(admit: bool = True) -> None:
         raise RuntimeError("device lost")
 
     svc.decoder.pump = broken  # type: ignore[method-assign]

@@ -9,11 +9,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from mtrl_trainer.grpo import (  # noqa: E402
+    LOG_RATIO_BOUND,
     STD_EPSILON,
     group_advantages,
     k3_kl,
     per_token_loss,
+    rollout_correction_weights,
     token_weights,
+    turn_advantages,
 )
 
 REWARDS = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0]  # group 0 varies, group 1 is flat
@@ -105,3 +108,94 @@ def test_grpo_counts_an_episode_split_over_rows_once() -> None:
     w = token_weights(mask, torch.tensor([0, 0, 1]), torch.tensor([0, 0, 0]),
                       loss_type="grpo", max_completion_length=4)
     assert w.flatten().tolist() == pytest.approx([1 / 6, 1 / 6, 1 / 6, 0, 1 / 4, 1 / 4])
+
+
+# Rollout correction: truncated importance sampling against a plain-Python reference of verl's
+# compute_rollout_correction_weights (verl/trainer/ppo/rollout_corr_helper.py): log ratio
+# train - sampler, bounded to +-20, exp; per token, or summed over a sequence's valid tokens;
+# zero on padding; truncated from above at the threshold.
+IS_TRAIN = [[-0.5, -1.0, -2.0, -0.1, 0.0], [-3.0, -0.2, -0.7, -4.0, -1.5], [-1.0, -30.0, -0.3, 0.0, 0.0]]
+IS_SAMPLER = [[-0.6, -0.2, -2.5, -0.1, -9.0], [-1.0, -0.2, -0.9, -0.5, -1.5], [-1.2, -1.0, -0.2, -5.0, 0.0]]
+IS_MASK = [[1, 1, 1, 1, 0], [1, 0, 1, 1, 1], [1, 1, 1, 0, 0]]
+
+
+def reference_weights(mode: str, threshold: float) -> tuple[list[list[float]], list[list[bool]]]:
+    weights, truncated = [], []
+    for train, sampler, mask in zip(IS_TRAIN, IS_SAMPLER, IS_MASK, strict=True):
+        ratios = [t - s for t, s, m in zip(train, sampler, mask, strict=True) if m]
+        if mode == "token":
+            raw = iter(math.exp(min(max(r, -LOG_RATIO_BOUND), LOG_RATIO_BOUND)) for r in ratios)
+            row = [next(raw) if m else 0.0 for m in mask]
+        else:
+            w = math.exp(min(max(sum(ratios), -LOG_RATIO_BOUND), LOG_RATIO_BOUND))
+            row = [w if m else 0.0 for m in mask]
+        weights.append([min(w, threshold) for w in row])
+        truncated.append([w > threshold for w in row])
+    return weights, truncated
+
+
+@pytest.mark.parametrize("mode", ["token", "sequence"])
+@pytest.mark.parametrize("threshold", [1.0, 2.0, 5.0])
+def test_rollout_correction_weights_equal_the_reference(mode: str, threshold: float) -> None:
+    train = torch.tensor(IS_TRAIN, requires_grad=True)
+    got = rollout_correction_weights(train, torch.tensor(IS_SAMPLER), torch.tensor(IS_MASK),
+                                     mode=mode, threshold=threshold)
+    weights, truncated = reference_weights(mode, threshold)
+    assert got.weights.tolist() == [pytest.approx(row, rel=1e-6) for row in weights]
+    assert got.truncated.tolist() == truncated
+    assert not got.weights.requires_grad  # a change of measure, not part of the objective
+
+
+def test_rollout_correction_weights_by_hand() -> None:
+    # Row 0 token-wise: exp(0.1), exp(-0.8), exp(0.5), 1; padding 0 despite its ratio exp(9).
+    token = rollout_correction_weights(torch.tensor(IS_TRAIN), torch.tensor(IS_SAMPLER),
+                                       torch.tensor(IS_MASK), mode="token", threshold=2.0)
+    assert token.weights[0].tolist() == pytest.approx(
+        [math.exp(0.1), math.exp(-0.8), math.exp(0.5), 1.0, 0.0], rel=1e-6)
+    # Row 2's second token is 29 nats less likely for the trainer: weight e^-20 (bounded), not 0.
+    assert token.weights[2, 1].item() == pytest.approx(math.exp(-LOG_RATIO_BOUND), rel=1e-5)
+    # Row 1 as a sequence: exp(-2.0 + 0.2 - 3.5 + 0.0) for every trained token.
+    sequence = rollout_correction_weights(torch.tensor(IS_TRAIN), torch.tensor(IS_SAMPLER),
+                                          torch.tensor(IS_MASK), mode="sequence", threshold=2.0)
+    assert sequence.weights[1].tolist() == pytest.approx([math.exp(-5.3), 0.0] + [math.exp(-5.3)] * 3,
+                                                         rel=1e-5)
+    with pytest.raises(ValueError, match="mode"):
+        rollout_correction_weights(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1),
+                                   mode="none", threshold=2.0)
+
+
+def test_importance_weights_scale_the_policy_gradient_not_the_kl() -> None:
+    """Decoupled PPO with one update per batch: the ratio is against the trainer's own policy
+    (1 in value), so the gradient of each token is -w * A, and the KL term is unweighted."""
+    logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    weights = torch.tensor([[0.5, 2.0]])
+    loss, clipped = per_token_loss(logprobs, logprobs.detach(), torch.tensor([3.0]), epsilon=0.2,
+                                   epsilon_high=0.28, is_weights=weights)
+    loss.sum().backward()
+    assert logprobs.grad.tolist() == [[pytest.approx(-1.5), pytest.approx(-6.0)]]
+    assert not clipped.any()
+    with_kl, _ = per_token_loss(logprobs.detach(), logprobs.detach(), torch.tensor([3.0]),
+                                epsilon=0.2, epsilon_high=0.28, beta=0.5,
+                                ref_logprobs=logprobs.detach() - 1.0, is_weights=weights)
+    kl = math.exp(-1.0) + 1.0 - 1.0
+    assert with_kl.tolist() == [[pytest.approx(-1.5 + 0.5 * kl), pytest.approx(-6.0 + 0.5 * kl)]]
+
+
+def test_turn_advantages_normalise_returns_to_go_per_turn() -> None:
+    # Three episodes: rewards per turn. Returns-to-go: [1.5, 0.5], [1.0, 1.0], [0.0] (one turn).
+    adv = turn_advantages([[1.0, 0.5], [0.0, 1.0], [0.0]], "none")
+    assert adv[0][0] == pytest.approx(1.5 - 2.5 / 3) and adv[2][0] == pytest.approx(-2.5 / 3)
+    assert adv[0][1] == pytest.approx(-0.25) and adv[1][1] == pytest.approx(0.25)
+    scaled = turn_advantages([[1.0, 0.5], [0.0, 1.0], [0.0]], "group")
+    std = math.sqrt((0.25**2 + 0.25**2) / 1)  # turn 1: returns 0.5 and 1.0, Bessel std
+    assert scaled[1][1] == pytest.approx(0.25 / (std + STD_EPSILON))
+    assert scaled[0][1] == pytest.approx(-scaled[1][1])
+
+
+def test_turn_advantages_are_zero_where_nothing_differs() -> None:
+    assert turn_advantages([[0.3, 0.3], [0.3, 0.3]]) == [[0.0, 0.0], [0.0, 0.0]]
+    # A turn only one episode reached has no baseline: 0, while turn 0 still compares.
+    adv = turn_advantages([[1.0, 1.0], [0.0]], "none")
+    assert adv == [[pytest.approx(1.0), 0.0], [pytest.approx(-1.0)]]
+    with pytest.raises(ValueError, match="scale_rewards"):
+        turn_advantages([[1.0]], "per-token")

@@ -1,9 +1,11 @@
 """It learns: a tiny random policy trained through the real protocol against a real worker
-raises its mean reward on the learnable `target` environment."""
+raises its mean reward on the learnable `target` environment, synchronously and with
+bounded-staleness asynchronous GRPO (episodes of the next steps played while a step trains)."""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -12,25 +14,48 @@ pytest.importorskip("torch")
 from .conftest import TrainingRun, run_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.aws]
+STEPS = 10
+
+
+def train(training_run: TrainingRun, spec: dict[str, Any]) -> dict[int, float]:
+    """Run the trainer to the end; the mean reward by step."""
+    training_run.start_worker()
+    trainer = training_run.start_trainer(spec)
+    deadline = time.monotonic() + 300
+    while trainer.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert trainer.wait(5) == 0, training_run.log("trainer")[-3000:]
+    rewards = {m["step"]: m["rewardMean"] for m in training_run.metrics(spec)}
+    assert sorted(rewards) == list(range(1, STEPS + 1))
+    print(f"reward by step: {rewards}")
+    return rewards
+
+
+def assert_learned(rewards: dict[int, float]) -> None:
+    first = (rewards[1] + rewards[2]) / 2
+    last = (rewards[STEPS - 1] + rewards[STEPS]) / 2
+    # Chance level is ~1/102; the trained policy emits the target for a clear share of tokens.
+    assert last > first + 0.3, rewards
 
 
 def test_reward_rises_through_real_worker(training_run: TrainingRun) -> None:
-    training_run.start_worker()
-    trainer = training_run.start_trainer(run_spec(training_run.bucket, maxSteps=10))
-    rewards: dict[int, float] = {}
-    deadline = time.monotonic() + 240
-    while trainer.poll() is None and time.monotonic() < deadline:
-        progress = training_run.progress()
-        if progress and progress["rewardMean"] is not None:
-            rewards[progress["step"]] = progress["rewardMean"]
-        time.sleep(0.2)
-    assert trainer.wait(5) == 0, training_run.log("trainer")[-3000:]
-    progress = training_run.progress()
-    assert progress is not None and progress["step"] == 10
-    rewards[10] = progress["rewardMean"]
-    first = sum(rewards[s] for s in (1, 2) if s in rewards) / len([s for s in (1, 2) if s in rewards])
-    last = sum(rewards[s] for s in (9, 10) if s in rewards) / len(
-        [s for s in (9, 10) if s in rewards])
-    print(f"reward by step: {rewards}")
-    # Chance level is ~1/102; the trained policy emits the target for a clear share of tokens.
-    assert last > first + 0.3, rewards
+    spec = run_spec(training_run.bucket, maxSteps=STEPS)
+    assert_learned(train(training_run, spec))
+    assert all(m["trainedPolicyVersion"] == m["oldestPolicyVersion"]
+               for m in training_run.metrics(spec)), "a synchronous step trained off-policy"
+
+
+def test_reward_rises_two_steps_off_policy_with_truncated_importance_sampling(
+        training_run: TrainingRun) -> None:
+    bound = 2
+    spec = run_spec(training_run.bucket, maxSteps=STEPS, maxStepsOffPolicy=bound,
+                    rolloutCorrection={"mode": "token", "threshold": 2.0})
+    assert_learned(train(training_run, spec))
+    metrics = training_run.metrics(spec)
+    lags = [m["trainedPolicyVersion"] - m["oldestPolicyVersion"] for m in metrics]
+    print(f"policy lag by step: {lags}")
+    assert max(lags) <= bound, "a rollout older than the bound was trained on"
+    assert max(lags) >= 1, "nothing was played ahead: the run was synchronous"
+    weights = [m["isWeightMean"] for m in metrics]
+    assert all(w is not None and 0 < w <= 2.0 for w in weights), weights
+    assert all(0 <= m["isTruncatedFraction"] <= 1 for m in metrics)

@@ -6,7 +6,6 @@ spec.output.resumeFrom says so, and a checkpoint that cannot be used is a config
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable
 
 import boto3
@@ -40,13 +39,6 @@ def _history(run: TrainingRun, spec: dict, step: int) -> list[dict]:
     return state["history"]
 
 
-def _metrics(run: TrainingRun, spec: dict) -> list[dict]:
-    """The run's metrics.jsonl: one report per step."""
-    bucket, _, prefix = run.output_uri(spec).removeprefix("s3://").partition("/")
-    body = boto3.client("s3").get_object(Bucket=bucket, Key=f"{prefix}/metrics.jsonl")["Body"]
-    return [json.loads(line) for line in body.read().decode().splitlines()]
-
-
 def test_runs_sharing_an_output_prefix_train_apart_and_resume_only_when_told(
         training_runs: Callable[[], TrainingRun]) -> None:
     first, second, third = training_runs(), training_runs(), training_runs()
@@ -57,7 +49,7 @@ def test_runs_sharing_an_output_prefix_train_apart_and_resume_only_when_told(
 
     _train(first, spec, "first")
     first_history = _history(first, spec, 2)
-    assert [m["step"] for m in _metrics(first, spec)] == [1, 2]
+    assert [m["step"] for m in first.metrics(spec)] == [1, 2]
     # Same spec, same s3Uri, another run: it starts from the base model, in its own folder.
     log = _train(second, spec, "second")
     assert "resumed" not in log
@@ -75,7 +67,7 @@ def test_runs_sharing_an_output_prefix_train_apart_and_resume_only_when_told(
     history = _history(third, resumed, 3)
     assert [h["step"] for h in history] == [1, 2, 3]
     assert history[:2] == first_history
-    metrics = _metrics(third, resumed)  # its own folder's history begins where it began
+    metrics = third.metrics(resumed)  # its own folder's history begins where it began
     assert [m["step"] for m in metrics] == [3] and metrics[0]["outcome"] == "Succeeded"
     assert {"rewardMean", "successRate", "zeroVarianceFraction", "components"} <= set(metrics[0])
 
@@ -102,7 +94,7 @@ def test_validation_measures_the_policy_that_training_measures(
     spec = run_spec(run.bucket, maxSteps=20)
     spec["dataset"]["evalIntervalSteps"] = 5
     _train(run, spec, "validated")
-    by_step = {m["step"]: m for m in _metrics(run, spec)}
+    by_step = {m["step"]: m for m in run.metrics(spec)}
     print({s: (m["successRate"], m["validationSuccessRate"]) for s, m in by_step.items()})
     evaluated = [s for s, m in by_step.items() if m["validationSuccessRate"] is not None]
     assert evaluated == [5, 10, 15, 20], evaluated

@@ -98,32 +98,32 @@ def test_loss_ignores_environment_tokens_and_starts_at_ratio_one() -> None:
     result = two_turn_result(p)
     rows = build_rows([result], [1.0], loss_type="dapo", max_completion_length=12,
                       max_sequence_length=512, micro_batches=1)
-    loss, clipped, tokens, *_ = step_loss(SequenceLogprobs(p.model), rows, config(),
-                                         pad_token_id=0, device=CPU, backward=False)
+    sums = step_loss(SequenceLogprobs(p.model), rows, config(), pad_token_id=0, device=CPU,
+                     backward=False)
     # Ratio 1 everywhere: the dapo loss is -advantage averaged over trained tokens.
-    assert loss == pytest.approx(-1.0, abs=1e-4) and clipped == 0
-    assert tokens == sum(rows[0].mask)
+    assert sums.loss == pytest.approx(-1.0, abs=1e-4) and sums.clipped == 0
+    assert sums.tokens == sum(rows[0].mask)
     # Absurd behaviour logprobs on environment tokens change nothing (and make no NaN).
     row = rows[0]
     noisy = [lp if m else -1e4 for lp, m in zip(row.old_logprobs, row.mask, strict=True)]
     altered = [type(row)(row.token_ids, row.mask, noisy, row.weights, 1.0, 0)]
     again = step_loss(SequenceLogprobs(p.model), altered, config(beta=0.5), pad_token_id=0, device=CPU,
                       backward=False)
-    assert math.isfinite(again[0])
+    assert math.isfinite(again.loss)
 
 
 def test_kl_is_zero_with_adapter_disabled_reference_of_an_untrained_adapter() -> None:
     fresh = policy(perturb=False)  # LoRA B = 0: the policy is its own reference
     rows = build_rows([two_turn_result(fresh)], [1.0], loss_type="dapo",
                       max_completion_length=12, max_sequence_length=512, micro_batches=1)
-    *_, kl = step_loss(SequenceLogprobs(fresh.model), rows, config(beta=1.0), pad_token_id=0, device=CPU,
-                       backward=False)
+    kl = step_loss(SequenceLogprobs(fresh.model), rows, config(beta=1.0), pad_token_id=0,
+                   device=CPU, backward=False).kl
     assert kl == 0.0
     trained = policy(perturb=True)
     rows = build_rows([two_turn_result(trained)], [1.0], loss_type="dapo",
                       max_completion_length=12, max_sequence_length=512, micro_batches=1)
-    *_, kl = step_loss(SequenceLogprobs(trained.model), rows, config(beta=1.0), pad_token_id=0, device=CPU,
-                       backward=False)
+    kl = step_loss(SequenceLogprobs(trained.model), rows, config(beta=1.0), pad_token_id=0,
+                   device=CPU, backward=False).kl
     assert kl > 1e-4
     # disable_adapter() is scoped: the adapter is back on afterwards.
     assert trained.model.active_adapter == "default"
@@ -164,8 +164,8 @@ def test_gpt_oss_policy_samples_and_trains_with_the_default_adapter_targets() ->
     result = two_turn_result(p)
     rows = build_rows([result], [1.0], loss_type="dapo", max_completion_length=12,
                       max_sequence_length=512, micro_batches=1)
-    loss, clipped, tokens, gap, _ = step_loss(SequenceLogprobs(p.model), rows, config(),
-                                              pad_token_id=0, device=CPU)
-    assert loss == pytest.approx(-1.0, abs=1e-4) and clipped == 0 and gap < 1e-4 * tokens
+    sums = step_loss(SequenceLogprobs(p.model), rows, config(), pad_token_id=0, device=CPU)
+    assert sums.loss == pytest.approx(-1.0, abs=1e-4) and sums.clipped == 0
+    assert sums.gap < 1e-4 * sums.tokens
     grads = [q.grad for q in p.model.parameters() if q.requires_grad]
     assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)

@@ -6,6 +6,7 @@ import pytest
 
 from mtrl_rollout.protocol import ChatMessage, RolloutRequest, StopReason
 from mtrl_worker.environments.base import EpisodeLimitReached
+from mtrl_worker.environments.target import TargetEnvironment
 from mtrl_worker.environments.wordle import WordleEnvironment
 from mtrl_worker.episode import run_episode
 from mtrl_worker.proxy import PolicyProxy
@@ -159,3 +160,34 @@ async def test_a_full_episode_produces_a_trainable_trajectory() -> None:
     assert result.stop_reason is StopReason.DONE and result.metric("solved") == 1.0
     assert [t.turn for t in result.trajectory] == [0, 1] and result.worker_id == "w"
     assert result.metric("completion_tokens") == 40
+
+
+class MiscountingTarget(TargetEnvironment):
+    """Target whose episodes report one turn reward too many."""
+
+    def episode(self, task, limits):
+        episode = super().episode(task, limits)
+        score = episode.score
+
+        def one_too_many():
+            judged = score()
+            judged.turn_rewards = [*judged.turn_rewards, 1.0]
+            return judged
+
+        episode.score = one_too_many
+        return episode
+
+
+async def test_turn_rewards_travel_on_the_turn_records() -> None:
+    env = TargetEnvironment(turns=2)
+    request = _request(environment="target", data={"target": "a"})
+    session, _ = _session(["aa", "ab"])
+    result = await run_episode(env, resolve_weights(env.components, {}), request, session,
+                               max_turns=6, timeout_s=5)
+    assert [t.reward for t in result.trajectory] == [1.0, 0.5]
+    assert result.aggregate_reward_score == pytest.approx(0.75)
+    session, _ = _session(["aa", "ab"])
+    failed = await run_episode(MiscountingTarget(turns=2), resolve_weights(env.components, {}),
+                               request, session, max_turns=6, timeout_s=5)
+    assert failed.stop_reason is StopReason.ERROR
+    assert "3 turn rewards for 2 model turns" in failed.error

@@ -2,12 +2,13 @@
 
 A row is one flat token sequence of an episode (prompt, completions and environment text, as
 sampled) with its loss mask (1 on model-generated tokens only), the behaviour logprobs carried
-in the result, its advantage and its per-token loss weights for the whole step.
+in the result, its advantage (one per episode, or one per token when advantages are per turn)
+and its per-token loss weights for the whole step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ class Row:
     weights: list[float]  # loss weight per token (0 where mask is 0)
     advantage: float
     micro_batch: int
+    token_advantages: list[float] | None = None  # per token (per-turn advantages), else None
 
     @property
     def trained_tokens(self) -> int:
@@ -40,7 +42,7 @@ class Padded:
     mask: torch.Tensor  # [B, T] float; trained tokens
     old_logprobs: torch.Tensor  # [B, T]
     weights: torch.Tensor  # [B, T]
-    advantages: torch.Tensor  # [B]
+    advantages: torch.Tensor  # [B], or [B, T] when some row has per-token advantages
 
 
 @dataclass(frozen=True)
@@ -52,26 +54,33 @@ class EpisodeSequence:
     mask: list[int]
     logprobs: list[float]
     advantage: float
+    token_advantages: list[float] | None = None
 
 
 def build_rows(
     results: Sequence[RolloutResult],
-    advantages: Sequence[float],
+    advantages: Sequence[float | Mapping[int, float]],
     *,
     loss_type: LossType,
     max_completion_length: int,
     max_sequence_length: int,
     micro_batches: int,
 ) -> list[Row]:
-    """Rows of one optimizer step. Episodes are dealt to micro-batches round-robin so each
-    micro-batch sees every group; rows with nothing to train are left out."""
+    """Rows of one optimizer step. An episode's advantage is one number, or one per turn
+    (turn -> advantage) for the tokens of that turn. Episodes are dealt to micro-batches
+    round-robin so each micro-batch sees every group; rows with nothing to train are left out."""
     from mtrl_rollout.trajectory import flatten
 
-    sequences = [
-        EpisodeSequence(episode, seq.token_ids, seq.loss_mask, seq.logprobs, advantage)
-        for episode, (result, advantage) in enumerate(zip(results, advantages, strict=True))
-        for seq in flatten(result.trajectory)
-    ]
+    sequences = []
+    for episode, (result, advantage) in enumerate(zip(results, advantages, strict=True)):
+        for seq in flatten(result.trajectory):
+            if isinstance(advantage, Mapping):
+                per_token = [advantage.get(turn, 0.0) for turn in seq.token_turns]
+                sequences.append(EpisodeSequence(episode, seq.token_ids, seq.loss_mask,
+                                                 seq.logprobs, 0.0, per_token))
+            else:
+                sequences.append(EpisodeSequence(episode, seq.token_ids, seq.loss_mask,
+                                                 seq.logprobs, advantage))
     return rows_from_sequences(sequences, loss_type=loss_type,
                                max_completion_length=max_completion_length,
                                max_sequence_length=max_sequence_length, micro_batches=micro_batches)
@@ -85,24 +94,27 @@ def rows_from_sequences(
     max_sequence_length: int,
     micro_batches: int,
 ) -> list[Row]:
-    flat: list[tuple[int, list[int], list[int], list[float], float]] = []
+    flat: list[EpisodeSequence] = []
     for seq in sequences:
         ids = seq.token_ids[:max_sequence_length]
         mask = seq.mask[: len(ids)]
         if any(mask):
-            flat.append((seq.episode, ids, mask, seq.logprobs[: len(ids)], seq.advantage))
+            per_token = seq.token_advantages[: len(ids)] if seq.token_advantages else None
+            flat.append(EpisodeSequence(seq.episode, ids, mask, seq.logprobs[: len(ids)],
+                                        seq.advantage, per_token))
     if not flat:
         return []
-    width = max(len(ids) for _, ids, _, _, _ in flat)
-    mask_t = torch.tensor([m + [0] * (width - len(m)) for _, _, m, _, _ in flat])
-    episodes = torch.tensor([e for e, *_ in flat])
+    width = max(len(s.token_ids) for s in flat)
+    mask_t = torch.tensor([s.mask + [0] * (width - len(s.mask)) for s in flat])
+    episodes = torch.tensor([s.episode for s in flat])
     micro = episodes % micro_batches
     weights = token_weights(
         mask_t, episodes, micro, loss_type=loss_type, max_completion_length=max_completion_length
     )
     return [
-        Row(ids, mask, old, weights[i, : len(ids)].tolist(), adv, int(micro[i]))
-        for i, (_, ids, mask, old, adv) in enumerate(flat)
+        Row(s.token_ids, s.mask, s.logprobs, weights[i, : len(s.token_ids)].tolist(), s.advantage,
+            int(micro[i]), s.token_advantages)
+        for i, s in enumerate(flat)
     ]
 
 
@@ -127,5 +139,9 @@ def pad(rows: Sequence[Row], pad_token_id: int, device: torch.device | str = "cp
         mask=padded([r.mask for r in rows], 0, torch.float32).to(device),
         old_logprobs=padded([r.old_logprobs for r in rows], 0.0, torch.float32).to(device),
         weights=padded([r.weights for r in rows], 0.0, torch.float32).to(device),
-        advantages=torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=device),
+        advantages=(
+            padded([r.token_advantages or [r.advantage] * len(r.token_ids) for r in rows], 0.0,
+                   torch.float32).to(device)
+            if any(r.token_advantages is not None for r in rows)
+            else torch.tensor([r.advantage for r in rows], dtype=torch.float32, device=device)),
     )

@@ -33,6 +33,11 @@ class Tasks:
             picked.append(self.train[order[index]])
         return picked
 
+    def extra_for_step(self, step: int, round_: int, count: int, seed: int) -> list[Task]:
+        """Tasks of an extra round of dynamic sampling: a seeded draw per (step, round), so a
+        resumed run draws the same."""
+        return random.Random(f"{seed}/{step}/{round_}").choices(self.train, k=count)
+
 
 def load_tasks(spec: DatasetSpec, environment: str) -> Tasks:
     if spec.inline is not None:

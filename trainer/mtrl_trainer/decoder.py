@@ -381,10 +381,17 @@ class FastDecoder:
         self.prefilled_tokens += sum(len(f) for f in feeds)
         self.reused_tokens += sum(reuse for _, _, reuse in placed)
 
+    @property
+    def decoding(self) -> bool:
+        """Some admitted job has not finished."""
+        return any(r is not None and r.job is not None for r in self._slots)
+
     @torch.inference_mode()
-    def pump(self) -> None:
-        """Admit waiting jobs, decode up to `sync_every` steps, hand back finished rows."""
-        self._admit()
+    def pump(self, admit: bool = True) -> None:
+        """Admit waiting jobs (unless told not to), decode up to `sync_every` steps, hand back
+        finished rows."""
+        if admit:
+            self._admit()
         active = [i for i, r in enumerate(self._slots) if r is not None and r.job is not None]
         if not active:
             return

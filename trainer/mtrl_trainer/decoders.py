@@ -27,12 +27,18 @@ class Decoder(Protocol):
     @property
     def busy(self) -> bool: ...
 
+    @property
+    def decoding(self) -> bool:
+        """Some admitted job is part-way through its completion."""
+        ...
+
     def configure(self, params: SamplingParams, generator: torch.Generator | None = None) -> None: ...
 
     def submit(self, job: Job) -> None: ...
 
-    def pump(self) -> None:
-        """Make progress: admit, decode, and finish (call `job.on_done` of) some jobs."""
+    def pump(self, admit: bool = True) -> None:
+        """Make progress: admit (unless told not to), decode, and finish (call `job.on_done`
+        of) some jobs."""
         ...
 
     def invalidate(self) -> None:

@@ -42,6 +42,11 @@ class GeneralDecoder:
     def busy(self) -> bool:
         return bool(self._pending)
 
+    @property
+    def decoding(self) -> bool:
+        """A batch is decoded whole within one pump: nothing is half-done between pumps."""
+        return False
+
     def submit(self, job: Job) -> None:
         if not job.prompt or job.budget < 1 or len(job.prompt) + job.budget > self.max_length:
             raise ValueError(f"prompt {len(job.prompt)} + budget {job.budget} tokens does not fit "
@@ -63,7 +68,9 @@ class GeneralDecoder:
         return sample_next(logits, noise, p.temperature, p.top_p)
 
     @torch.inference_mode()
-    def pump(self) -> None:
+    def pump(self, admit: bool = True) -> None:
+        if not admit:
+            return
         jobs = [self._pending.popleft() for _ in range(min(self.rows, len(self._pending)))]
         if not jobs:
             return

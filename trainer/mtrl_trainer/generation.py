@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -97,6 +99,7 @@ class GenerationService:
         self._wake = threading.Condition()
         self._engine: threading.Thread | None = None
         self._closed = False
+        self._pausing = False  # an update waits: finish what is decoding, admit nothing new
         self._open: set[Job] = set()  # submitted, not finished
         self._version_in_use = 0
         self.policy_version = 0
@@ -173,10 +176,26 @@ class GenerationService:
         if self._engine is not None:
             self._engine.join(timeout=60)
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """For an update: the engine finishes the completions it is decoding (never one with
+        two policy versions in it), admits nothing new and lets go of the model lock until the
+        block ends; waiting requests are served after, by the new version. Without it, a
+        sampler fed without pause (asynchronous GRPO) would hold the lock and starve updates."""
+        with self._wake:
+            self._pausing = True
+        try:
+            yield
+        finally:
+            with self._wake:
+                self._pausing = False
+                self._wake.notify()
+
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not self._inbox and not self._closed:
+                while not self._closed and (
+                        self._pausing or not (self._inbox or self.decoder.busy)):
                     self._wake.wait()
                 if self._closed:
                     return
@@ -194,19 +213,22 @@ class GenerationService:
                 self.decode_seconds += time.perf_counter() - started
 
     def _drain(self) -> None:
-        """Decode until nothing is waiting or in flight; new jobs join between steps."""
+        """Decode until nothing is waiting or in flight, new jobs joining between steps; or,
+        once an update waits, until what is decoding has finished."""
         while True:
             with self._wake:
-                jobs = list(self._inbox)
-                self._inbox.clear()
+                pausing = self._pausing
+                jobs = [] if pausing else list(self._inbox)
+                if not pausing:
+                    self._inbox.clear()
             for job in jobs:
                 try:
                     self.decoder.submit(job)
                 except ValueError as exc:
                     job.finish(Sampled([], [], False, error=str(exc)))
-            if not self.decoder.busy:
+            if not (self.decoder.decoding if pausing else self.decoder.busy):
                 return
-            self.decoder.pump()
+            self.decoder.pump(admit=not pausing)
 
     def update_policy(self, version: int) -> None:
         """The weights just changed (call with the model lock held)."""

@@ -15,6 +15,7 @@ data-parallel sharding then give the same update as one big batch.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -69,18 +70,23 @@ def per_token_loss(
     epsilon_high: float,
     beta: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped policy-gradient loss per token, [B, T], and the clipped-token indicator.
 
-    `advantages` is [B] (one per sequence) or [B, T]. The ratio is against the behaviour
-    logprobs the sampler reported; clip-higher (epsilon_high > epsilon) leaves more room for
-    raising unlikely tokens than for lowering likely ones.
+    `advantages` is [B] (one per sequence) or [B, T]. The ratio is against `old_logprobs`: the
+    behaviour logprobs the sampler reported, or with rollout correction the trainer's own before
+    the update, the policy-gradient term then weighted by `is_weights` (the KL term is not: it
+    is taken under the current policy). Clip-higher (epsilon_high > epsilon) leaves more room
+    for raising unlikely tokens than for lowering likely ones.
     """
     adv = advantages.unsqueeze(1) if advantages.ndim == 1 else advantages
     ratio = torch.exp(logprobs - old_logprobs)
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
     loss = -torch.min(ratio * adv, clipped * adv)
     was_clipped = (ratio * adv) > (clipped * adv)
+    if is_weights is not None:
+        loss = loss * is_weights
     if beta:
         if ref_logprobs is None:
             raise ValueError("beta > 0 needs reference logprobs")
@@ -129,3 +135,74 @@ def token_weights(
             raise ValueError(f"unknown loss_type {loss_type!r}")
         weights[rows] = w / n_micro
     return weights.float()
+
+
+CorrectionMode = Literal["none", "token", "sequence"]
+LOG_RATIO_BOUND = 20.0  # exp(20) ~ 5e8: no overflow before truncation (verl's SAFETY_BOUND)
+
+
+@dataclass(frozen=True)
+class CorrectionWeights:
+    weights: torch.Tensor  # [B, T] truncated importance weights, 0 off the mask, no gradient
+    truncated: torch.Tensor  # [B, T] bool: the untruncated weight was above the threshold
+
+
+def rollout_correction_weights(
+    train_logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: CorrectionMode,
+    threshold: float,
+) -> CorrectionWeights:
+    """Truncated importance weights pi_train / pi_sampler for tokens sampled by an older or
+    numerically different policy (verl's `compute_rollout_correction_weights`).
+
+    `train_logprobs` are the trainer's logprobs before the update (the proximal policy of
+    decoupled PPO), `sampler_logprobs` the ones the sampler reported, `mask` [B, T] 1 on trained
+    tokens. token: w_t = min(exp(train_t - sampler_t), threshold). sequence: one weight per row,
+    min(exp(sum over its trained tokens of train - sampler), threshold). The log ratio is bounded
+    to +-20 before exp, so a wild token neither overflows nor underflows to a NaN.
+    """
+    if mode not in ("token", "sequence"):
+        raise ValueError(f"unknown rollout correction mode {mode!r}")
+    mask = mask.to(train_logprobs.dtype)
+    log_ratio = (train_logprobs.detach() - sampler_logprobs) * mask
+    if mode == "sequence":
+        log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(mask)
+    raw = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
+    truncated = (raw > threshold) & mask.bool()
+    return CorrectionWeights(raw.clamp(max=threshold) * mask, truncated)
+
+
+def turn_advantages(
+    turn_rewards: list[list[float]], scale_rewards: ScaleRewards = "group"
+) -> list[list[float]]:
+    """Per-turn advantages of one group from the rewards an environment gave each turn.
+
+    `turn_rewards[i][t]` is episode i's reward for its turn t. The advantage of (i, t) is its
+    return from turn t on (the sum of its rewards of turns t, t+1, ...) minus the mean of that
+    return over the group's episodes that reached turn t, divided by their std (Bessel, plus
+    `STD_EPSILON`) unless `scale_rewards` is "none" ("batch" scales per turn like "group").
+    A turn only one episode reached, or where all returns are equal, gets advantage 0: GRPO's
+    baseline with the group as the comparison, applied turn by turn (return-to-go credit, as in
+    turn-level GRPO variants such as MT-GRPO).
+    """
+    if scale_rewards not in ("group", "batch", "none"):
+        raise ValueError(f"unknown scale_rewards {scale_rewards!r}")
+    returns = [list(itertools.accumulate(reversed(r)))[::-1] for r in turn_rewards]
+    out = [[0.0] * len(r) for r in turn_rewards]
+    for t in range(max((len(r) for r in returns), default=0)):
+        reached = [i for i, r in enumerate(returns) if t < len(r)]
+        if len(reached) < 2:
+            continue
+        values = torch.tensor([returns[i][t] for i in reached], dtype=torch.float64)
+        std = values.std()
+        if torch.isclose(std, torch.zeros_like(std)):
+            continue
+        centred = values - values.mean()
+        if scale_rewards != "none":
+            centred = centred / (std + STD_EPSILON)
+        for i, value in zip(reached, centred.tolist(), strict=True):
+            out[i][t] = value
+    return out

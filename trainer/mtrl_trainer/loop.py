@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -14,6 +16,8 @@ from torch.nn.parallel import DistributedDataParallel
 from mtrl_rollout.batching import Outbox
 from mtrl_rollout.generation import GenerationServer
 from mtrl_rollout.offload import Codec
+from mtrl_rollout.protocol import RolloutResult
+from mtrl_rollout.ratelimit import TokenBucket
 from mtrl_rollout.results import ResultCollector
 from mtrl_rollout.sqs import Sqs
 from mtrl_trainer import s3
@@ -29,10 +33,10 @@ from mtrl_trainer.config import ConfigError, TrainerConfig
 from mtrl_trainer.dataset import Tasks, load_tasks
 from mtrl_trainer.distributed import World, broadcast, device_for
 from mtrl_trainer.generation import GenerationService, SamplingConfig
-from mtrl_trainer.grpo import group_advantages
+from mtrl_trainer.grpo import group_advantages, turn_advantages
 from mtrl_trainer.logprobs import SequenceLogprobs
 from mtrl_trainer.models import Policy, load_policy
-from mtrl_trainer.orchestration import Orchestrator, Rollouts, RolloutSettings
+from mtrl_trainer.orchestration import Orchestrator, Pending, Rollouts, RolloutSettings
 from mtrl_trainer.progress import (
     ConfigMapSink,
     FileSink,
@@ -42,7 +46,7 @@ from mtrl_trainer.progress import (
     ProgressSink,
 )
 from mtrl_trainer.sharding import Endpoint, ShardRouter, serve_share
-from mtrl_trainer.stats import components, mean_std, success_rate
+from mtrl_trainer.stats import components, mean_std, success_rate, validation_pass_at_k
 from mtrl_trainer.update import UpdateConfig, UpdateStats, lora_parameters, train_step
 
 log = logging.getLogger(__name__)
@@ -53,28 +57,76 @@ class Prepared:
     rows: list[Row]
     zero_variance_groups: int
     groups: int
+    trained_groups: int = 0
+
+
+Advantage = float | dict[int, float]  # one per episode, or per turn
+
+
+def advantages(
+    groups: list[list[RolloutResult]], config: TrainerConfig
+) -> tuple[list[list[Advantage]], list[bool]]:
+    """Each result's advantage, and per group whether it has no learning signal (all its
+    advantages are 0). Per turn (advantageLevel: turn) for groups whose every turn has a
+    reward, else per episode."""
+    grpo = config.spec.grpo
+    if not groups:
+        return [], []
+    rewards = torch.tensor([r.aggregate_reward_score for group in groups for r in group],
+                           dtype=torch.float64)
+    episode = group_advantages(rewards, grpo.group_size, grpo.scale_rewards)
+    out: list[list[Advantage]] = []
+    flat: list[bool] = []
+    for g, group in enumerate(groups):
+        turns = [sorted(r.trajectory, key=lambda t: t.turn) for r in group]
+        if grpo.advantage_level == "turn" and all(
+                t.reward is not None for episode_turns in turns for t in episode_turns):
+            per_turn = turn_advantages([[t.reward or 0.0 for t in ts] for ts in turns],
+                                       grpo.scale_rewards)
+            out.append([{t.turn: a for t, a in zip(ts, adv, strict=True)}
+                        for ts, adv in zip(turns, per_turn, strict=True)])
+            flat.append(not any(a for adv in per_turn for a in adv))
+        else:
+            size = grpo.group_size
+            out.append(episode.values[g * size : (g + 1) * size].tolist())
+            flat.append(bool(episode.zero_variance[g]))
+    return out, flat
+
+
+def zero_variance(groups: list[list[RolloutResult]], config: TrainerConfig) -> list[bool]:
+    """Per group: no learning signal."""
+    return advantages(groups, config)[1]
 
 
 def prepare(rollouts: Rollouts, config: TrainerConfig, micro_batches: int) -> Prepared:
-    """Advantages per complete group; zero-variance groups are left out of the update."""
+    """Advantages per complete group; zero-variance groups are left out of the update, and at
+    most promptsPerStep informative groups are trained on (dynamic sampling may play more)."""
     grpo, spec = config.spec.grpo, config.spec
     if not rollouts.groups:
         return Prepared([], 0, 0)
-    rewards = torch.tensor(
-        [r.aggregate_reward_score for group in rollouts.groups for r in group], dtype=torch.float64
-    )
-    adv = group_advantages(rewards, grpo.group_size, grpo.scale_rewards)
-    kept, advantages = [], []
-    for g, group in enumerate(rollouts.groups):
-        if not adv.zero_variance[g]:
-            kept += group
-            advantages += adv.values[g * grpo.group_size : (g + 1) * grpo.group_size].tolist()
+    values, flat = advantages(rollouts.groups, config)
+    kept: list[RolloutResult] = []
+    kept_advantages: list[Advantage] = []
+    trained = [g for g in range(len(rollouts.groups)) if not flat[g]][: grpo.prompts_per_step]
+    for g in trained:
+        kept += rollouts.groups[g]
+        kept_advantages += values[g]
     rows = build_rows(
-        kept, advantages, loss_type=grpo.loss_type,
+        kept, kept_advantages, loss_type=grpo.loss_type,
         max_completion_length=grpo.max_new_tokens * spec.rollout.max_turns,
         max_sequence_length=spec.model.max_sequence_length, micro_batches=micro_batches,
     )
-    return Prepared(rows, int(adv.zero_variance.sum()), len(rollouts.groups))
+    return Prepared(rows, sum(flat), len(rollouts.groups), len(trained))
+
+
+def extra_groups(informative: int, complete: int, wanted: int) -> int:
+    """Groups to play in the next round of dynamic sampling: the missing informative ones,
+    scaled by the share of informative groups so far (all that is wanted when none was), at
+    most a step's worth."""
+    missing = wanted - informative
+    if missing <= 0:
+        return 0
+    return min(wanted, math.ceil(missing * complete / informative) if informative else wanted)
 
 
 class Run:
@@ -109,9 +161,14 @@ class Run:
         )
         self.service.policy_version = self.state.step
         self.endpoint = Endpoint.bootstrap(world) if world.size > 1 else None
+        # At the previous step's report: wall clock, tokens sampled, seconds decoding. A step's
+        # figures run from report to report, so time spent sampling ahead is counted too.
+        self._reported_at, self._tokens_at, self._decoding_at = time.monotonic(), 0, 0.0
         self.update_config = UpdateConfig(
             epsilon=grpo.epsilon, epsilon_high=grpo.epsilon_high, beta=grpo.kl_beta,
             temperature=grpo.temperature, micro_batches=grpo.gradient_accumulation_steps,
+            correction=grpo.rollout_correction.mode,
+            correction_threshold=grpo.rollout_correction.threshold,
         )
 
     def _resume(self) -> TrainerState:
@@ -148,7 +205,7 @@ class Run:
     def _update(self, rows: list[Row], version: int) -> UpdateStats | None:
         """The optimizer step, and the new policy version on this rank's sampler, with no
         completion in flight (same rows and version on every rank)."""
-        with self.model_lock:
+        with self.service.paused(), self.model_lock:
             stats = None
             if rows:
                 stats = train_step(
@@ -189,22 +246,36 @@ class Run:
         router = ShardRouter(self.world, service.sample)
         if self.endpoint is not None:
             await router.start(self.endpoint)
+        rate = spec.rollout.max_policy_requests_per_second
         server = GenerationServer(sqs, config.generate_queue_url, config.dlq_url, router.sample,
-                                  codec=codec, max_batch=256, max_wait_s=0.02)
+                                  codec=codec, max_batch=256, max_wait_s=0.02,
+                                  rate=TokenBucket(rate) if rate else None)
         orchestrator = Orchestrator(RolloutSettings(
             run_id=config.run_id, attempt=config.attempt,
             rollout_queue_url=config.rollout_queue_url, result_queue_url=config.result_queue_url,
             environment=spec.rollout.environment, max_turns=spec.rollout.max_turns,
             max_length=spec.model.max_sequence_length,
             episode_timeout_s=spec.rollout.episode_timeout_seconds,
-            collect_grace_s=config.collect_grace_s, max_staleness=grpo.max_staleness,
+            collect_grace_s=config.collect_grace_s,
+            max_steps_off_policy=grpo.max_steps_off_policy,
+            max_episodes_in_flight=spec.rollout.max_episodes_in_flight,
         ), outbox, collector, codec)
         progress = Progress(self._sinks(), attempt=config.operator_attempt)
         stop = asyncio.Event()
         serving = asyncio.create_task(server.serve(stop))
+        ahead: dict[int, Pending] = {}
+        self._reported_at = time.monotonic()
+        self._tokens_at, self._decoding_at = service.tokens, service.decode_seconds
         try:
             for step in range(self.state.step, grpo.max_steps):
-                await self._step(step, tasks, orchestrator, service, progress)
+                # Play ahead: the episodes of the next maxStepsOffPolicy steps are out, sampled
+                # by the policy of the moment, while this step waits and trains.
+                for later in range(step, min(step + grpo.max_steps_off_policy + 1, grpo.max_steps)):
+                    if later not in ahead:
+                        ahead[later] = await orchestrator.publish(
+                            "s", later, tasks.for_step(later, grpo.prompts_per_step, grpo.seed),
+                            grpo.group_size, self.state.step)
+                await self._step(step, ahead.pop(step), tasks, orchestrator, service, progress)
             progress.succeeded(self.state.step, grpo.max_steps)  # the last checkpoint is saved
         finally:
             stop.set()
@@ -215,48 +286,92 @@ class Run:
             await outbox.aclose()
             sqs.close()
 
+    async def _sample(
+        self, step: int, pending: Pending, tasks: Tasks, orchestrator: Orchestrator,
+    ) -> tuple[Rollouts, int, int]:
+        """The step's rollouts: its published requests, then (dynamic sampling) more rounds
+        while it lacks informative groups. Also the rounds played and the groups published."""
+        grpo, version = self.config.spec.grpo, self.state.step
+        rollouts = await orchestrator.gather(pending, version)
+        rounds, groups = 1, len(pending.requests) // grpo.group_size
+        while rounds <= grpo.dynamic_sampling_rounds:
+            count = extra_groups(sum(not z for z in zero_variance(rollouts.groups, self.config)),
+                                 len(rollouts.groups), grpo.prompts_per_step)
+            if not count:
+                break
+            more = await orchestrator.publish(
+                "s", step, tasks.extra_for_step(step, rounds, count, grpo.seed), grpo.group_size,
+                version, first_group=groups)
+            rollouts.extend(await orchestrator.gather(more, version))
+            rounds, groups = rounds + 1, groups + count
+        return rollouts, rounds, groups
+
     async def _step(
-        self, step: int, tasks: Tasks, orchestrator: Orchestrator, service: GenerationService,
-        progress: Progress,
+        self, step: int, pending: Pending, tasks: Tasks, orchestrator: Orchestrator,
+        service: GenerationService, progress: Progress,
     ) -> None:
         spec, grpo = self.config.spec, self.config.spec.grpo
         version = self.state.step
-        tokens0, decode0 = service.tokens, service.decode_seconds
-        rollouts = await orchestrator.play(
-            "s", step, tasks.for_step(step, grpo.prompts_per_step, grpo.seed), grpo.group_size,
-            version,
-        )
+        rollouts, rounds, groups = await self._sample(step, pending, tasks, orchestrator)
         prepared = prepare(rollouts, self.config, grpo.gradient_accumulation_steps)
         rows = await asyncio.to_thread(broadcast, prepared.rows, self.world)
+        update_started = time.monotonic()
         stats = await asyncio.to_thread(self._update, rows, step + 1)
+        update_s = time.monotonic() - update_started
         self.state.step = step + 1
-        validation = None
+        validation, passes = None, {}
         interval = spec.dataset.eval_interval_steps
         if tasks.validation and interval and (self.state.step % interval == 0
                                               or self.state.step == grpo.max_steps):
-            played = await orchestrator.play("v", step, tasks.validation, 1, self.state.step)
+            ks = spec.dataset.eval_pass_at_k
+            played = await orchestrator.play("v", step, tasks.validation, max(ks),
+                                             self.state.step)
             validation = success_rate(played.results)
+            passes = validation_pass_at_k(played.results, ks)
         rewards = [r.aggregate_reward_score for r in rollouts.results]
         reward_mean, reward_std = mean_std(rewards)
-        decode_s = service.decode_seconds - decode0
+        now, tokens, decoding = time.monotonic(), service.tokens, service.decode_seconds
+        step_s, tokens_sampled, decode_s = (now - self._reported_at, tokens - self._tokens_at,
+                                            decoding - self._decoding_at)
+        self._reported_at, self._tokens_at, self._decoding_at = now, tokens, decoding
+        training = {
+            "stepSeconds": round(step_s, 3),
+            "trainedPolicyVersion": version,
+            "oldestPolicyVersion": rollouts.oldest_policy_version,
+            "staleSamples": rollouts.counts.stale,
+            "samplingRounds": rounds,
+            "sampledGroups": groups,
+            "trainedGroups": prepared.trained_groups,
+            "isWeightMean": stats.is_weight_mean if stats else None,
+            "isTruncatedFraction": stats.is_truncated_fraction if stats else None,
+            "rolloutSeconds": round(rollouts.seconds, 3),
+            "rolloutWaitSeconds": round(rollouts.waited_seconds, 3),
+            "updateSeconds": round(update_s, 3),
+            "decodeSeconds": round(decode_s, 3),
+        }
         self.state.history.append({
             "step": self.state.step, "attempt": self.config.attempt, "policyVersion": version,
             "rewardMean": reward_mean, "updated": stats is not None,
             "loss": stats.loss if stats else None, "optimizerSteps": self.optimizer_steps,
-            **rollouts.counts.__dict__,
+            **rollouts.counts.__dict__, "oldestPolicyVersion": rollouts.oldest_policy_version,
         })
-        log.info("step %d/%d reward %.4f loss %s groups %d (zero-variance %d, dropped %d) %.1fs",
-                 self.state.step, grpo.max_steps, reward_mean or 0.0,
-                 f"{stats.loss:.4f}" if stats else "-", prepared.groups,
-                 prepared.zero_variance_groups, rollouts.counts.dropped_groups, rollouts.seconds)
+        log.info("step %d/%d reward %.4f loss %s groups %d (zero-variance %d, dropped %d, "
+                 "stale %d) lag %s waited %.1fs updated %.1fs", self.state.step, grpo.max_steps,
+                 reward_mean or 0.0, f"{stats.loss:.4f}" if stats else "-", prepared.groups,
+                 prepared.zero_variance_groups, rollouts.counts.dropped_groups,
+                 rollouts.counts.stale,
+                 "-" if rollouts.oldest_policy_version is None
+                 else version - rollouts.oldest_policy_version,
+                 rollouts.waited_seconds, update_s)
         progress.report(ProgressReport(
             step=self.state.step, total_steps=grpo.max_steps, reward_mean=reward_mean,
             reward_std=reward_std, success_rate=success_rate(rollouts.results),
             zero_variance_fraction=(prepared.zero_variance_groups / prepared.groups
                                     if prepared.groups else None),
-            validation_success_rate=validation,
-            tokens_per_second=(service.tokens - tokens0) / decode_s if decode_s else None,
+            validation_success_rate=validation, validation_pass_at_k=passes,
+            tokens_per_second=tokens_sampled / decode_s if decode_s else None,
             components=components(rollouts.results), policy_version=self.state.step,
+            training=training,
         ))
         if (self.state.step % spec.output.checkpoint_interval_steps == 0
                 or self.state.step == grpo.max_steps):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,9 +46,14 @@ class ProgressReport:
     tokens_per_second: float | None
     components: list[ComponentReport]
     policy_version: int
+    validation_pass_at_k: dict[int, float] = field(default_factory=dict)
+    # How the step trained (camelCase keys): off-policy lag, importance weights, time split.
+    # They go to metrics.jsonl and the progress ConfigMap; status keeps the fields above.
+    training: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **self.training,
             "step": self.step,
             "totalSteps": self.total_steps,
             "rewardMean": self.reward_mean,
@@ -56,6 +61,8 @@ class ProgressReport:
             "successRate": self.success_rate,
             "zeroVarianceFraction": self.zero_variance_fraction,
             "validationSuccessRate": self.validation_success_rate,
+            "validationPassAtK": [{"k": k, "value": v}
+                                  for k, v in sorted(self.validation_pass_at_k.items())],
             "tokensPerSecond": self.tokens_per_second,
             "components": [
                 {"name": c.name, "mean": c.mean, "std": c.std,

@@ -38,3 +38,24 @@ def components(results: Sequence[RolloutResult]) -> list[ComponentReport]:
         for name, s in collapse_stats(results).items()
         if name != AGGREGATE
     ]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one task from n plays with c successes (Chen et al., 2021):
+    1 - C(n-c, k) / C(n, k), the chance that k plays drawn from the n include a success."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@{k} needs 0 <= c <= n and 1 <= k <= n, not n={n} c={c}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def validation_pass_at_k(results: Sequence[RolloutResult], ks: Sequence[int]) -> dict[int, float]:
+    """pass@k averaged over the validation tasks (a task is a group of plays), for each k no
+    larger than the plays every task has (a failed play leaves its task with fewer)."""
+    plays: dict[str, list[bool]] = {}
+    for result in results:
+        plays.setdefault(result.group_id, []).append(succeeded(result))
+    if not plays:
+        return {}
+    fewest = min(len(p) for p in plays.values())
+    return {k: math.fsum(pass_at_k(len(p), sum(p), k) for p in plays.values()) / len(plays)
+            for k in sorted(ks) if k <= fewest}

@@ -1,9 +1,14 @@
 """One GRPO optimizer step over this rank's share of the step's rows.
 
 Logprobs are recomputed with the current policy on exactly the sampled token ids, and only where
-a token is trained (`logprobs.SequenceLogprobs`); the ratio is against the behaviour logprobs the
-generation service reported. The reference for the KL term is the same model with the LoRA
-adapter disabled (no second copy of the weights in memory).
+a token is trained (`logprobs.SequenceLogprobs`). Without rollout correction the ratio is against
+the behaviour logprobs the generation service reported. With it (decoupled PPO, as in AReaL and
+verl) the ratio is against the trainer's own policy before the update, and each token's loss is
+weighted by the truncated importance weight pi_train / pi_sampler (`grpo.rollout_correction_
+weights`): a rollout played by an older policy, or by the same weights in other kernels, then
+moves the policy as if the current one had played it, up to the truncation. The reference for
+the KL term is the same model with the LoRA adapter disabled (no second copy of the weights in
+memory).
 
 `model` here is a `SequenceLogprobs` around the peft model, or DistributedDataParallel around
 one.
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 import torch.distributed as dist
@@ -21,7 +26,7 @@ from torch import nn
 
 from mtrl_trainer.batch import Row, pad, shard
 from mtrl_trainer.decoder import causal_lm
-from mtrl_trainer.grpo import per_token_loss
+from mtrl_trainer.grpo import CorrectionMode, per_token_loss, rollout_correction_weights
 
 MAX_GRAD_NORM = 1.0  # TRL's default
 
@@ -33,6 +38,8 @@ class UpdateConfig:
     beta: float
     temperature: float
     micro_batches: int
+    correction: CorrectionMode = "none"
+    correction_threshold: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,23 @@ class UpdateStats:
     # Mean |recomputed - behaviour logprob| per trained token: how far trainer and sampler
     # disagree before the update (0 in exact arithmetic; bf16 kernels differ).
     logprob_gap: float = 0.0
+    # Rollout correction: mean truncated importance weight per trained token, and the fraction
+    # of trained tokens whose weight was truncated (both None without correction).
+    is_weight_mean: float | None = None
+    is_truncated_fraction: float | None = None
+
+
+@dataclass
+class StepSums:
+    """Sums over this rank's micro-batches (all-reduced across ranks by `train_step`)."""
+
+    loss: float = 0.0
+    clipped: float = 0.0  # trained tokens whose ratio was clipped
+    tokens: float = 0.0  # trained tokens
+    gap: float = 0.0  # |recomputed - behaviour logprob|
+    kl: float = 0.0
+    is_weight: float = 0.0  # truncated importance weights
+    truncated: float = 0.0  # trained tokens whose weight was truncated
 
 
 def step_loss(
@@ -57,10 +81,9 @@ def step_loss(
     rank: int = 0,
     world_size: int = 1,
     backward: bool = True,
-) -> tuple[float, float, float, float]:
-    """Forward (and backward) every micro-batch of this rank. Returns the local sums of loss,
-    clipped tokens, trained tokens, |logprob - behaviour logprob| and KL."""
-    loss_sum = clipped_sum = tokens = gap_sum = kl_sum = 0.0
+) -> StepSums:
+    """Forward (and backward) every micro-batch of this rank."""
+    sums = StepSums()
     for micro in range(config.micro_batches):
         part = pad(shard(rows, micro, rank, world_size), pad_token_id, device)
         sync = micro == config.micro_batches - 1 or not hasattr(model, "no_sync")
@@ -73,23 +96,31 @@ def step_loss(
             # Zero every untrained position in all inputs: exp() of a masked difference can
             # overflow, and inf * 0 weight would still be NaN.
             m = part.mask
+            old, is_weights = part.old_logprobs * m, None
+            if config.correction != "none":
+                correction = rollout_correction_weights(
+                    logprobs, part.old_logprobs, m, mode=config.correction,
+                    threshold=config.correction_threshold)
+                old, is_weights = logprobs.detach() * m, correction.weights
+                sums.is_weight += float(correction.weights.sum())
+                sums.truncated += float(correction.truncated.sum())
             loss, clipped = per_token_loss(
-                logprobs * m, part.old_logprobs * m, part.advantages,
+                logprobs * m, old, part.advantages,
                 epsilon=config.epsilon, epsilon_high=config.epsilon_high, beta=config.beta,
-                ref_logprobs=ref * m if ref is not None else None,
+                ref_logprobs=ref * m if ref is not None else None, is_weights=is_weights,
             )
             weighted = (loss * part.weights).sum()
             if backward:
                 # DDP averages gradients over ranks; the weights already normalise globally.
                 (weighted * world_size).backward()
-        loss_sum += float(weighted.detach())
-        clipped_sum += float((clipped.float() * m).sum())
-        tokens += float(m.sum())
-        gap_sum += float(((logprobs.detach() - part.old_logprobs).abs() * m).sum())
+        sums.loss += float(weighted.detach())
+        sums.clipped += float((clipped.float() * m).sum())
+        sums.tokens += float(m.sum())
+        sums.gap += float(((logprobs.detach() - part.old_logprobs).abs() * m).sum())
         if ref is not None:
             delta = (ref - logprobs.detach()) * m
-            kl_sum += float(((torch.exp(delta) - delta - 1) * m).sum())
-    return loss_sum, clipped_sum, tokens, gap_sum, kl_sum
+            sums.kl += float(((torch.exp(delta) - delta - 1) * m).sum())
+    return sums
 
 
 def peft_model(model: nn.Module) -> nn.Module:
@@ -115,13 +146,18 @@ def train_step(
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM))
     optimizer.step()
-    totals = torch.tensor(local, dtype=torch.float64)
+    totals = torch.tensor(astuple(local), dtype=torch.float64)
     if world_size > 1:
         dist.all_reduce(totals)
-    loss, clipped, tokens, gap, kl = totals.tolist()
-    per_token = max(tokens, 1.0)
-    return UpdateStats(loss, int(tokens), clipped / per_token, kl / per_token, grad_norm,
-                       gap / per_token)
+    sums = StepSums(*totals.tolist())
+    per_token = max(sums.tokens, 1.0)
+    corrected = config.correction != "none"
+    return UpdateStats(
+        sums.loss, int(sums.tokens), sums.clipped / per_token, sums.kl / per_token, grad_norm,
+        sums.gap / per_token,
+        is_weight_mean=sums.is_weight / per_token if corrected else None,
+        is_truncated_fraction=sums.truncated / per_token if corrected else None,
+    )
 
 
 def lora_parameters(model: nn.Module) -> list[nn.Parameter]:

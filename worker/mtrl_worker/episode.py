@@ -59,6 +59,8 @@ async def run_episode(
         stop = policy.stop_reason or stop  # an agent may have swallowed the limit error
         score = episode.score()
         aggregate, metrics = compose(score, env.components, weights, request.rewards.range)
+        if score.turn_rewards is not None and policy.turns:  # a dry run records no turns
+            _attach_turn_rewards(policy.turns, score.turn_rewards)
     except TimeoutError:
         stop, error = StopReason.TIMEOUT, f"episode exceeded {timeout_s:g}s"
     except Exception as exc:
@@ -86,6 +88,15 @@ async def run_episode(
         worker_id=worker_id,
         error=error,
     )
+
+
+def _attach_turn_rewards(turns: list[TurnRecord], rewards: list[float]) -> None:
+    if len(rewards) != len(turns):
+        raise ValueError(f"the environment gave {len(rewards)} turn rewards for {len(turns)} "
+                         "model turns")
+    ordered = sorted(range(len(turns)), key=lambda i: turns[i].turn)
+    for i, reward in zip(ordered, rewards, strict=True):
+        turns[i] = turns[i].model_copy(update={"reward": float(reward)})
 
 
 def _metric(name: str, value: float) -> MetricEntry:

@@ -34,6 +34,9 @@ class Score:
 
     components: dict[str, float]
     metrics: dict[str, float] = field(default_factory=dict)
+    # One reward per model turn, in turn order, when the environment judges turns on their
+    # own; they travel on the trajectory's turn records.
+    turn_rewards: list[float] | None = None
 
 
 def resolve_weights(

@@ -63,6 +63,7 @@ class TargetEpisode(Episode):
         return Score(
             components={"target_fraction": mean},
             metrics={"completion_tokens": float(self.completion_tokens)},
+            turn_rewards=list(self.fractions),
         )
 
 
