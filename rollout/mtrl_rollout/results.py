@@ -47,6 +47,7 @@ class ResultCollector:
         self._kept: dict[str, RolloutResult] = {}
         # Called with the sample id of every first result (the trainer's episode window).
         self.on_result: Callable[[str], None] | None = None
+        self.received = 0  # first results, for any sample
         self.duplicates = 0
         self.malformed = 0
 
@@ -102,8 +103,10 @@ class ResultCollector:
             log.info("dropping duplicate result for sample %s", result.sample_id)
         await self._outbox.delete(self._queue_url, message.receipt_handle)
         await self._codec.discard(pointer)
-        if fresh and self.on_result is not None:
-            self.on_result(result.sample_id)
+        if fresh:
+            self.received += 1
+            if self.on_result is not None:
+                self.on_result(result.sample_id)
         return result if fresh else None
 
     async def aclose(self) -> None:

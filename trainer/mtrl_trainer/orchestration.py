@@ -214,16 +214,18 @@ class Orchestrator:
     async def _collect(self, wanted: list[str]) -> dict[str, RolloutResult]:
         idle_s = self.settings.episode_timeout_s + self.settings.collect_grace_s
         got: dict[str, RolloutResult] = {}
-        last_progress = time.monotonic()
+        last_progress, received = time.monotonic(), self._collector.received
         while len(got) < len(wanted):
             remaining = idle_s - (time.monotonic() - last_progress)
             if remaining <= 0:
                 break
             missing = [w for w in wanted if w not in got]
             new = await self._collector.collect(missing, timeout_s=min(COLLECT_SLICE_S, remaining))
-            if new:
-                got.update(new)
-                last_progress = time.monotonic()
+            got.update(new)
+            # Any result is progress: under an episode window, a later-published round's
+            # requests wait for the slots that the steps played ahead free as they finish.
+            if new or self._collector.received != received:
+                last_progress, received = time.monotonic(), self._collector.received
         return got
 
 
