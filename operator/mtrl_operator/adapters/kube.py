@@ -4,6 +4,7 @@ finalizers, Events, and informer-style list-and-watch."""
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -57,6 +58,24 @@ def _status_code(exc: Exception) -> int | None:
     response = getattr(exc, "response", None)  # a watch's HTTP error
     return getattr(response, "status_code", None)
 
+
+
+# Characters YAML may not carry raw (https://yaml.org/spec/1.2.2/#51-character-set). An apply
+# patch is parsed as YAML and the client sends UTF-8 unescaped, so a status that quotes a spec
+# holding a C1 control character would be refused ("control characters are not allowed") and
+# the run would never get a status.
+_NOT_YAML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f\ud800-\udfff\ufffe\uffff]")
+
+
+def yaml_safe(value: Any) -> Any:
+    """`value` with every string's YAML-forbidden characters replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _NOT_YAML.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {yaml_safe(k): yaml_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [yaml_safe(v) for v in value]
+    return value
 
 class Kube:
     """The operator's Kubernetes calls. Objects go in and come out as plain dicts; failures
@@ -117,8 +136,8 @@ class Kube:
         another writer's conditions stay, and a field it no longer sends goes. Returns the
         resourceVersion the write made; None when the run or trigger is gone (no status to
         keep)."""
-        ours = {**status, "conditions": [c for c in status.get("conditions") or []
-                                         if c.get("type") in own_conditions]}
+        ours = yaml_safe({**status, "conditions": [c for c in status.get("conditions") or []
+                                                   if c.get("type") in own_conditions]})
         body = {"apiVersion": API_VERSION, "kind": kind,
                 "metadata": {"name": name, "namespace": namespace}, "status": ours}
         try:
