@@ -25,8 +25,9 @@ tools: ## build kube-apiserver, controller-manager, scheduler, kubectl, etcd, he
 	bash hack/build-luacheck.sh
 	bash hack/build-dashboardcheck.sh
 
-crds: install ## regenerate crds/ from the API models
+crds: install ## regenerate crds/ from the API models, and the environment catalog from the worker
 	$(BIN)/mtrl crds
+	$(BIN)/mtrl env catalog
 
 lint: install ## ruff over the whole tree, mypy (with the pydantic plugin) over the API, the operator and the CLI
 	$(BIN)/ruff check .

@@ -6,6 +6,8 @@
 - Pure layers (reconcile/, builders/, naming, errors, settings, leader) import no adapter and
   no controller; adapters import no controller.
 - The data plane (trainer, worker, rollout) and the API package never import the operator.
+- The operator never imports the worker or the trainer (what it knows of environments is
+  mtrl_api's catalog, data); only `cli` names them, as strings it dispatches to.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ PURE = [p for p in _modules(OPERATOR) if p.relative_to(OPERATOR).parts[0] in
 @pytest.mark.parametrize("path", PURE, ids=lambda p: str(p.relative_to(OPERATOR)))
 def test_pure_layers_do_no_io(path: Path) -> None:
     found = _uses(imports(path), "mtrl_operator.adapters", "mtrl_operator.controllers",
-                  "mtrl_operator.handlers", *TRANSPORTS, "kopf")
+                  "mtrl_operator.handlers", *TRANSPORTS, "kopf", "importlib", "importlib.metadata")
     assert not found, f"{path.relative_to(OPERATOR)} imports {sorted(found)}"
 
 
@@ -74,6 +76,12 @@ DATA_PLANE = [p for package in ("trainer", "worker", "rollout", "api")
 @pytest.mark.parametrize("path", DATA_PLANE, ids=lambda p: str(p.relative_to(REPO)))
 def test_the_data_plane_and_the_api_never_import_the_operator(path: Path) -> None:
     assert not _uses(imports(path), "mtrl_operator"), f"{path.relative_to(REPO)}"
+
+
+@pytest.mark.parametrize("path", _modules(OPERATOR), ids=lambda p: str(p.relative_to(OPERATOR)))
+def test_the_operator_never_imports_the_data_plane_it_runs(path: Path) -> None:
+    found = _uses(imports(path), "mtrl_worker", "mtrl_trainer")
+    assert not found, f"{path.relative_to(OPERATOR)} imports {sorted(found)}"
 
 
 def test_the_check_sees_a_forbidden_import(tmp_path: Path) -> None:

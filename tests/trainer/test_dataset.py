@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mtrl_api.run import DatasetSpec, GeneratedDataset
+from mtrl_testbed.moto import MotoServer
 from mtrl_trainer.dataset import load_tasks
 
 
@@ -29,3 +30,27 @@ def test_each_epoch_plays_every_task_once_in_a_seeded_order() -> None:
     assert sorted(epoch) == sorted(t["secret"] for t in tasks.train)
     assert epoch == [t["secret"] for step in range(3) for t in tasks.for_step(step, 4, seed=7)]
     assert epoch != [t["secret"] for step in range(3) for t in tasks.for_step(step, 4, seed=8)]
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    (b'{"target": "a"}\n{"goal": "16"}\n', "line 2: a target task sets exactly one of "
+                                           "target_token_id and target"),
+    (b'{"target": "a"}\n\n{"target"\n', "line 3 is not JSON"),
+    (b'["a"]\n', "line 1 is not a JSON object"),
+])
+def test_s3_task_rows_the_environment_refuses_stop_the_run_as_a_configuration_error(
+        aws_env: dict[str, str], moto_server: MotoServer, body: bytes, said: str) -> None:
+    """Preflight lists S3 keys, never reads data: the trainer reads the rows and checks each
+    against the environment's declared task fields before an episode is played."""
+    import boto3
+
+    from mtrl_trainer.config import ConfigError
+
+    bucket = moto_server.bucket("mtrl-dataset-rows")
+    boto3.client("s3").put_object(Bucket=bucket, Key="train.jsonl", Body=body)
+    spec = DatasetSpec.model_validate({"s3": {"trainUri": f"s3://{bucket}/train.jsonl"}})
+    with pytest.raises(ConfigError, match=rf"spec.dataset.s3.trainUri: s3://{bucket}/"
+                                          rf"train.jsonl {said}"):
+        load_tasks(spec, "target")
+    boto3.client("s3").put_object(Bucket=bucket, Key="train.jsonl", Body=b'{"target": "a"}\n')
+    assert load_tasks(spec, "target").train == [{"target": "a"}]

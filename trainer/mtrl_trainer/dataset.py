@@ -11,8 +11,10 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from mtrl_api.environments import known
 from mtrl_api.run import DatasetSpec
 from mtrl_trainer import s3
+from mtrl_trainer.config import ConfigError
 
 Task = dict[str, Any]
 
@@ -43,19 +45,36 @@ def load_tasks(spec: DatasetSpec, environment: str) -> Tasks:
     if spec.inline is not None:
         return Tasks(list(spec.inline.train), list(spec.inline.validation))
     if spec.s3 is not None:
-        validation = _read_jsonl(spec.s3.validation_uri) if spec.s3.validation_uri else []
-        return Tasks(_read_jsonl(spec.s3.train_uri), validation)
+        validation = (_read_jsonl(spec.s3.validation_uri, "validationUri", environment)
+                      if spec.s3.validation_uri else [])
+        return Tasks(_read_jsonl(spec.s3.train_uri, "trainUri", environment), validation)
     if spec.generated is not None:
         return _generated(environment, spec.generated.train_size, spec.generated.validation_size)
     raise ValueError("dataset has no source")
 
 
-def _read_jsonl(uri: str) -> list[Task]:
+def _read_jsonl(uri: str, field: str, environment: str) -> list[Task]:
+    """The task rows of a JSON Lines object, each checked against the environment's declared
+    task fields (mtrl_api's catalog): a row every worker would refuse stops the run here, with
+    its line, before any episode is played."""
     bucket, key = s3.parse_s3_uri(uri)
     body = s3.client().get_object(Bucket=bucket, Key=key)["Body"].read().decode()
-    rows = [json.loads(line) for line in body.splitlines() if line.strip()]
-    if not all(isinstance(r, dict) for r in rows):
-        raise ValueError(f"{uri}: every line must be a JSON object")
+    env = known(environment)
+    rows = []
+    for number, line in enumerate(body.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"spec.dataset.s3.{field}: {uri} line {number} is not JSON: "
+                              f"{exc.msg}") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"spec.dataset.s3.{field}: {uri} line {number} is not a JSON "
+                              "object")
+        if env is not None and (problem := env.task_problem(row)) is not None:
+            raise ConfigError(f"spec.dataset.s3.{field}: {uri} line {number}: {problem}")
+        rows.append(row)
     return rows
 
 

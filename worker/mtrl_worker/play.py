@@ -173,11 +173,15 @@ def play_main(argv: Sequence[str] | None = None) -> int:
 
 
 def env_main(argv: Sequence[str] | None = None) -> int:
-    """`mtrl env <tool> ...`: `play` one scripted episode, or `list` the environments."""
+    """`mtrl env <tool> ...`: `play` one scripted episode, `list` the environments, or write
+    (`catalog`, `--check`) the catalog the operator reads."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["play"]:
         return play_main(argv[1:])
     if argv[:1] == ["list"]:
         return catalog.list_main(argv[1:])
-    print("usage: mtrl env {list,play} ...  (see `mtrl env play --help`)", file=sys.stderr)
+    if argv[:1] == ["catalog"]:
+        return catalog.catalog_main(argv[1:])
+    print("usage: mtrl env {list,play,catalog} ...  (see `mtrl env play --help`)",
+          file=sys.stderr)
     return 2

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
-from importlib.metadata import entry_points
 from typing import Any
 
 from pydantic import ValidationError
 
 from mtrl_api import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_PREFIX, PROGRESS_KEY
+from mtrl_api.environments import EnvironmentInfo, catalog
 from mtrl_api.run import (
     FARGATE_MEMORY_MIB,
     MultiTurnRLRunSpec,
@@ -155,91 +153,47 @@ def trainer_report(obj: dict[str, Any]) -> tuple[int | None, str | None]:
             outcome if isinstance(outcome, str) else None)
 
 
-@functools.cache
-def known_environments() -> frozenset[str]:
-    """Environments the default worker image provides: this distribution's own plug-ins.
-    Read once: scanning every installed distribution's entry points took a quarter of the
-    operator's CPU when it ran on every reconcile."""
-    try:
-        from mtrl_worker.environments.registry import available
-    except ImportError:  # an operator-only install: trust the run's name
-        return frozenset(ep.name for ep in entry_points(group="mtrl.environments"))
-    return frozenset(available())
-
-
-@functools.cache
-def _environment_class(environment: str) -> Any | None:
-    """The class of an environment this distribution ships, or None when the operator does
-    not know it (an operator-only install, or a plug-in only a custom worker image has)."""
-    try:
-        from mtrl_worker.environments.registry import UnknownEnvironment, environment_class
-    except ImportError:
-        return None
-    try:
-        return environment_class(environment)
-    except (UnknownEnvironment, ImportError):
-        return None
-
-
-@functools.cache
-def environment_parameters(environment: str) -> tuple[str, ...] | None:
-    """The keyword arguments a known environment takes (spec.rollout.environmentArgs become
-    them, `Environment(**args)`), or None for one the operator does not know."""
-    if (cls := _environment_class(environment)) is None:
-        return None
-    return tuple(name for name, p in inspect.signature(cls).parameters.items()
-                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-
-
-@functools.cache
-def generates_tasks(environment: str) -> bool | None:
-    """Whether a known environment makes its own tasks (spec.dataset.generated), or None for
-    one the operator does not know."""
-    if (cls := _environment_class(environment)) is None:
-        return None
-    return cls.generate_tasks(1, "train") is not None
-
-
-@functools.cache
-def reward_components(environment: str) -> tuple[str, ...] | None:
-    """The reward components a known environment declares (its `components`, which the
-    workers' `resolve_weights` checks spec.reward against), or None for one the operator does
-    not know."""
-    if (cls := _environment_class(environment)) is None:
-        return None
-    return tuple(c.name for c in cls.components)
+def _environment_problem(spec: MultiTurnRLRunSpec,
+                         env: EnvironmentInfo) -> tuple[str, str] | None:
+    """What the environment itself would refuse: its arguments, reward components, inline
+    tasks, or a generated dataset it cannot make (mtrl_api's catalog says what it takes)."""
+    if problems := env.argument_problems(spec.rollout.environment_args):
+        return ("InvalidEnvironmentArgs",
+                f"spec.rollout.environmentArgs: {'; '.join(problems)}")
+    known = [c.name for c in env.components]
+    unknown = [c.name for c in spec.reward.components if c.name not in known]
+    if unknown:
+        return ("UnknownRewardComponent",
+                f"spec.reward.components {', '.join(map(repr, unknown))} are not reward "
+                f"components of environment {env.name!r} (it has: {', '.join(known)})")
+    inline = spec.dataset.inline
+    for split, tasks in (("train", inline.train), ("validation", inline.validation)) \
+            if inline is not None else ():
+        for i, task in enumerate(tasks):
+            if (problem := env.task_problem(task)) is not None:
+                return ("InvalidTask", f"spec.dataset.inline.{split}[{i}]: {problem}")
+    if spec.dataset.generated is not None and not env.generates_tasks:
+        return ("DatasetNotGenerated",
+                f"spec.dataset.generated: environment {env.name!r} cannot generate its own "
+                "tasks; use spec.dataset.inline or spec.dataset.s3")
+    return None
 
 
 def spec_problem(spec: MultiTurnRLRunSpec, settings: Settings) -> tuple[str, str] | None:
     """Checks the schema cannot express; a run that fails one ends Failed with the reason."""
     workers: WorkersSpec = spec.workers
     default_image = WorkersSpec.model_fields["image"].default
-    envs = known_environments()
-    if workers.image == default_image and envs and spec.rollout.environment not in envs:
+    envs = catalog()
+    name = spec.rollout.environment
+    if workers.image == default_image and name not in envs:
         return ("UnknownEnvironment",
-                f"spec.rollout.environment {spec.rollout.environment!r} is not provided by the "
-                f"default worker image (it has: {', '.join(sorted(envs))})")
-    # Checked whatever the worker image: an image that plays a known environment runs this
-    # distribution's plug-in, and every one of its workers would refuse these arguments or
-    # weights at start, crash, and be restarted for ever.
-    takes = environment_parameters(spec.rollout.environment)
-    extra = [a for a in spec.rollout.environment_args if takes is not None and a not in takes]
-    if takes is not None and extra:
-        return ("InvalidEnvironmentArgs",
-                f"spec.rollout.environmentArgs {', '.join(map(repr, extra))} are not arguments "
-                f"of environment {spec.rollout.environment!r} (it takes: "
-                f"{', '.join(takes) or 'none'})")
-    known = reward_components(spec.rollout.environment)
-    unknown = [c.name for c in spec.reward.components if known is not None and c.name not in known]
-    if known is not None and unknown:
-        return ("UnknownRewardComponent",
-                f"spec.reward.components {', '.join(map(repr, unknown))} are not reward "
-                f"components of environment {spec.rollout.environment!r} (it has: "
-                f"{', '.join(known)})")
-    if spec.dataset.generated is not None and generates_tasks(spec.rollout.environment) is False:
-        return ("DatasetNotGenerated",
-                f"spec.dataset.generated: environment {spec.rollout.environment!r} cannot "
-                "generate its own tasks; use spec.dataset.inline or spec.dataset.s3")
+                f"spec.rollout.environment {name!r} is not provided by the default worker "
+                f"image (it has: {', '.join(sorted(envs))})")
+    # Checked whatever the worker image: an image that plays a catalogued environment runs
+    # this distribution's plug-in, and every one of its workers would refuse these arguments,
+    # weights or tasks at start, crash, and be restarted for ever.
+    if (env := envs.get(name)) is not None and (problem := _environment_problem(spec, env)):
+        return problem
     if spec.lifecycle.max_cost_usd is not None and settings.price(spec.trainer.instance_type) is None:
         return ("NoPrice", f"spec.lifecycle.maxCostUSD needs a price for instance type "
                 f"{spec.trainer.instance_type!r}; the operator has "

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from mtrl_api.environments import known
 from mtrl_api.run import GeneratedDataset, MultiTurnRLRunSpec, WorkerBackend
 from mtrl_operator.reconcile.observe import (
     newest_true_condition,
-    reward_components,
     spec_problem,
     trainer_report,
     trainer_state,
@@ -78,13 +78,17 @@ def test_trainer_report_reads_the_attempt_and_outcome_and_ignores_junk() -> None
     assert trainer_report({}) == (None, None)
 
 
+TASKS = {"wordle": {"secret": "crane"}, "coding": {"task_id": "median"},
+         "target": {"target": "a"}}
+
+
 def spec(environment: str, *components: str, image: str | None = None) -> MultiTurnRLRunSpec:
     workers: dict[str, Any] = {"backend": "kubernetes"}
     if image:
         workers["image"] = image
     return MultiTurnRLRunSpec.model_validate({
         "model": {"name": "m"}, "rollout": {"environment": environment},
-        "dataset": {"inline": {"train": [{"secret": "crane"}]}},
+        "dataset": {"inline": {"train": [TASKS.get(environment, {"secret": "crane"})]}},
         "output": {"s3Uri": "s3://bucket/out"},
         "workers": workers, "reward": {"components": [{"name": c} for c in components]}})
 
@@ -104,7 +108,7 @@ def test_unknown_reward_components_fail_the_run_listing_the_known_ones() -> None
     assert spec_problem(spec("wordle", "solved", "invalid_guesses"), settings) is None
     # An environment only a custom image has: its components are its own business.
     assert spec_problem(spec("chess", "mate", image="example.com/w:1"), settings) is None
-    assert reward_components("chess") is None
+    assert known("chess") is None
 
 
 def test_unknown_environment_arguments_fail_the_run_listing_the_accepted_ones() -> None:
@@ -112,10 +116,52 @@ def test_unknown_environment_arguments_fail_the_run_listing_the_accepted_ones() 
     bad = spec("coding")
     bad.rollout.environment_args = {"testTimeoutSeconds": "10"}
     assert spec_problem(bad, Settings()) == (
-        "InvalidEnvironmentArgs", "spec.rollout.environmentArgs 'testTimeoutSeconds' are not "
-        "arguments of environment 'coding' (it takes: test_timeout_s, memory_mb)")
+        "InvalidEnvironmentArgs", "spec.rollout.environmentArgs: 'testTimeoutSeconds' is not "
+        "an argument of environment 'coding' (it takes: test_timeout_s, memory_mb)")
     bad.rollout.environment_args = {"memory_mb": "512"}
     assert spec_problem(bad, Settings()) is None
+
+
+@pytest.mark.parametrize(("environment", "args", "said"), [
+    ("target", {"turns": "many"}, "turns must be an integer from 1 to 16, not 'many'"),
+    ("target", {"turns": "17"}, "turns must be an integer from 1 to 16, not '17'"),
+    ("target", {"latency_ms": "-1"}, "latency_ms must be a number from 0 to 60000, not '-1'"),
+    ("wordle", {"max_guesses": "0"}, "max_guesses must be an integer from 1 to 6, not '0'"),
+    ("coding", {"memory_mb": "lots"}, "memory_mb must be an integer from 32 to 16384, not "
+                                      "'lots'"),
+])
+def test_argument_values_the_environment_refuses_fail_the_run(
+        environment: str, args: dict[str, str], said: str) -> None:
+    """What the worker would refuse at start (it converts with the same declarations), refused
+    before anything starts: one message per value."""
+    bad = spec(environment)
+    bad.rollout.environment_args = args
+    assert spec_problem(bad, Settings()) == ("InvalidEnvironmentArgs",
+                                             f"spec.rollout.environmentArgs: {said}")
+    from mtrl_worker.environments.registry import load_environment
+
+    with pytest.raises(ValueError, match=said):  # the worker's own words, the same sentence
+        load_environment(environment, args)
+
+
+@pytest.mark.parametrize(("environment", "task", "said"), [
+    ("target", {"goal": "16"}, "a target task sets exactly one of target_token_id and target"),
+    ("target", {"target": "a", "target_token_id": "1"},
+     "a target task sets exactly one of target_token_id and target"),
+    ("target", {"target_token_id": "seven"}, "target_token_id must be an integer, not 'seven'"),
+    ("target", {"target": "ab"}, "target 'ab' does not match (?s)."),
+    ("wordle", {"word": "crane"}, "a wordle task needs the field 'secret'"),
+    ("coding", {"task_id": "sort"}, "task_id must be one of "),
+])
+def test_inline_tasks_the_environment_refuses_fail_the_run(
+        environment: str, task: dict[str, str], said: str) -> None:
+    bad = spec(environment)
+    assert bad.dataset.inline is not None
+    bad.dataset.inline.validation = [TASKS[environment], task]
+    reason, message = spec_problem(bad, Settings()) or ("", "")
+    assert reason == "InvalidTask"
+    assert message.startswith(f"spec.dataset.inline.validation[1]: {said}"), message
+    assert spec_problem(spec(environment), Settings()) is None
 
 
 @pytest.mark.parametrize(("cpu", "memory", "problem"), [

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
+from mtrl_api.environments import Parameter, TaskField
 from mtrl_rollout.protocol import ChatMessage, StopReason
 from mtrl_worker.rewards import RewardComponent, Score
 
@@ -67,9 +68,23 @@ class Episode(ABC):
 class Environment(ABC):
     name: ClassVar[str]
     components: ClassVar[tuple[RewardComponent, ...]]
+    # What the environment takes, declared so that the operator can refuse a run the workers
+    # would refuse before anything starts (`mtrl crds` publishes it as mtrl_api's catalog).
+    # None: undeclared, and nothing is checked. Arguments arrive as the strings of
+    # spec.rollout.environmentArgs; `Parameter.convert` is how they become values.
+    parameters: ClassVar[tuple[Parameter, ...] | None] = None
+    task_fields: ClassVar[tuple[TaskField, ...] | None] = None
+    exactly_one_of: ClassVar[tuple[tuple[str, ...], ...]] = ()  # task fields: one per group
 
     @abstractmethod
     def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> Episode: ...
+
+    @classmethod
+    def arguments(cls, **given: Any) -> dict[str, Any]:
+        """The constructor's arguments (strings or values) converted by the declared
+        parameters; ValueError names the argument and what it takes."""
+        declared = {p.name: p for p in cls.parameters or ()}
+        return {k: declared[k].convert(v) if k in declared else v for k, v in given.items()}
 
     @classmethod
     def generate_tasks(cls, count: int, split: str) -> list[dict[str, Any]] | None:

@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from mtrl_api.environments import Parameter, TaskField
 from mtrl_rollout.protocol import ChatMessage
 from mtrl_worker.environments.base import Environment, Episode, EpisodeLimits, Policy
 from mtrl_worker.environments.coding_tasks import TASKS_BY_ID, CodingTask
@@ -132,10 +133,21 @@ class CodingEnvironment(Environment):
         RewardComponent("failed_to_commit", 0.5, -1.0, 0.0, "penalty", "-1 if no code was ever committed."),
     )
 
-    def __init__(self, test_timeout_s: float = 5.0, memory_mb: int = 256) -> None:
-        # spec.rollout.environmentArgs are strings
-        self.test_timeout_s = float(test_timeout_s)
-        self.memory_mb = int(memory_mb)
+    parameters = (
+        Parameter(name="test_timeout_s", type="float", default=5.0, minimum=0.1, maximum=300,
+                  doc="Seconds the hidden tests of a committed solution may run."),
+        Parameter(name="memory_mb", type="int", default=256, minimum=32, maximum=16384,
+                  doc="Memory limit of the sandbox that runs them, in MiB."),
+    )
+    task_fields = (
+        TaskField(name="task_id", required=True, choices=sorted(TASKS_BY_ID),
+                  doc="One of the built-in coding tasks."),
+    )
+
+    def __init__(self, test_timeout_s: float | str = 5.0, memory_mb: int | str = 256) -> None:
+        args = self.arguments(test_timeout_s=test_timeout_s, memory_mb=memory_mb)
+        self.test_timeout_s = float(args["test_timeout_s"])
+        self.memory_mb = int(args["memory_mb"])
 
     def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> CodingEpisode:
         task_id = str(task["task_id"])

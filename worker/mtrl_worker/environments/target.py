@@ -18,6 +18,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from mtrl_api.environments import Parameter, TaskField
 from mtrl_rollout.protocol import ChatMessage
 from mtrl_worker.environments.base import Completion, Environment, Episode, EpisodeLimits, Policy
 from mtrl_worker.rewards import RewardComponent, Score
@@ -80,14 +81,23 @@ class TargetEnvironment(Environment):
         ),
     )
 
-    # spec.rollout.environmentArgs are strings: every argument is converted.
-    def __init__(self, turns: int = 1, latency_ms: float = 0.0) -> None:
-        self.turns = int(turns)
-        self.latency_s = float(latency_ms) / 1000
-        if not 1 <= self.turns <= 16:
-            raise ValueError(f"target supports 1 to 16 turns, not {turns}")
-        if not 0 <= self.latency_s <= 60:
-            raise ValueError(f"latency_ms must be 0 to 60000, not {latency_ms}")
+    parameters = (
+        Parameter(name="turns", type="int", default=1, minimum=1, maximum=16,
+                  doc="Model turns per episode; the user asks again after each."),
+        Parameter(name="latency_ms", type="float", default=0.0, minimum=0, maximum=60000,
+                  doc="Simulated environment time per turn, in milliseconds."),
+    )
+    task_fields = (
+        TaskField(name="target_token_id", type="int", minimum=0,
+                  doc="Token mode: the token id the completion should repeat."),
+        TaskField(name="target", pattern=r"(?s).", doc="Character mode: one character."),
+    )
+    exactly_one_of = (("target_token_id", "target"),)
+
+    def __init__(self, turns: int | str = 1, latency_ms: float | str = 0.0) -> None:
+        args = self.arguments(turns=turns, latency_ms=latency_ms)
+        self.turns = int(args["turns"])
+        self.latency_s = float(args["latency_ms"]) / 1000
 
     def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> TargetEpisode:
         token_id = task.get("target_token_id")

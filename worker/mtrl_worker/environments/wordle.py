@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
+from mtrl_api.environments import Parameter, TaskField
 from mtrl_rollout.protocol import ChatMessage
 from mtrl_worker.environments.base import Environment, Episode, EpisodeLimits, Policy
 from mtrl_worker.rewards import RewardComponent, Score
@@ -181,8 +182,18 @@ class WordleEnvironment(Environment):
         RewardComponent("repeated_guesses", 0.15, -1.0, 0.0, "penalty", "-(repeated guesses) / T."),
     )
 
-    def __init__(self, max_guesses: int = MAX_GUESSES) -> None:
-        self.max_guesses = int(max_guesses)  # spec.rollout.environmentArgs are strings
+    parameters = (
+        Parameter(name="max_guesses", type="int", default=MAX_GUESSES, minimum=1,
+                  maximum=MAX_GUESSES,
+                  doc="Guesses per game (T); the reward order above is proven for T <= 6."),
+    )
+    task_fields = (
+        TaskField(name="secret", required=True, pattern=r"\s*[A-Za-z]{5}\s*",
+                  doc="The secret five-letter word, from the word list."),
+    )
+
+    def __init__(self, max_guesses: int | str = MAX_GUESSES) -> None:
+        self.max_guesses = int(self.arguments(max_guesses=max_guesses)["max_guesses"])
 
     def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> WordleEpisode:
         secret = str(task["secret"]).strip().lower()
