@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 import inspect
+
+import pytest
 
 from mtrl_api.environments import catalog
 from mtrl_worker.catalog import CATALOG_PATH, catalog_main, list_main, render
