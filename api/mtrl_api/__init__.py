@@ -14,3 +14,11 @@ TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 # termination message with this prefix (torchrun exits 1 whatever its child's code).
 CONFIG_ERROR_EXIT_CODE = 2
 CONFIG_ERROR_PREFIX = "configuration error:"
+# A trainer whose episodes keep failing (the environment raises, or times out, on more than
+# spec.rollout.maxFailedEpisodeFraction of a step's episodes, step after step) stops with this
+# prefix: the environment's error is in the message, and another attempt would play the same
+# tasks against the same environment, so it is not retried.
+EPISODES_FAILED_PREFIX = "episodes failed:"
+# A trainer stopped by SIGTERM (suspend, delete, a node drain, an eviction, a preemption)
+# saves a checkpoint at the step it was on and exits with 128 + SIGTERM, as a shell does.
+TERMINATED_EXIT_CODE = 143

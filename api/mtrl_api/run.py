@@ -120,6 +120,7 @@ class Phase(StrEnum):
     PENDING = "Pending"
     PROVISIONING = "Provisioning"
     RUNNING = "Running"
+    SUSPENDING = "Suspending"
     SUSPENDED = "Suspended"
     TERMINATING = "Terminating"
     SUCCEEDED = "Succeeded"
@@ -238,6 +239,11 @@ class TrainerSpec(ApiModel):
     HyperPodPyTorchJob's runPolicy.jobMaxRetryCount, and HyperPod auto-resume's
     job-max-retry-count for a PyTorchJob in namespace kubeflow or hyperpod*. The operator does
     not retry on top of them. Default 3."""
+    termination_grace_period_seconds: int = Field(180, ge=30, le=3600)
+    """Seconds a trainer pod has between SIGTERM (suspend, delete, a node drain, an eviction,
+    a Kueue preemption) and SIGKILL: the trainer stops playing, saves a checkpoint at the step
+    it is on, and exits, so the next start loses at most the step in progress. Long enough to
+    write a LoRA checkpoint to S3. Default 180."""
     hang_timeout_seconds: int = Field(1800, ge=60, le=86400)
     """HyperPodPyTorchJob log monitoring: a trainer that prints no step line for this long
     (the first one included, which also covers loading the model) is hung, and HyperPod
@@ -368,6 +374,15 @@ class RolloutSpec(ApiModel):
     (grpo.maxStepsOffPolicy plays ahead): the trainer sends a rollout request only when an
     earlier episode's result has come back. For environments that call quota-limited APIs.
     Unset: no cap beyond the workers' own concurrency."""
+    max_failed_episode_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    """A step on which more than this fraction of the episodes failed (the environment raised,
+    or the episode timed out) is a failing step: the run says so (condition EpisodesFailing,
+    with the environment's own error). Failed episodes are never trained on. Default 0.5."""
+    max_failing_steps: int = Field(3, ge=1, le=1_000_000)
+    """Failing steps in a row after which the trainer stops and the run fails
+    (EpisodesFailed, not retried: another attempt would play the same tasks against the same
+    environment). A run that ends having trained nothing while its steps failed fails too.
+    Default 3."""
     max_policy_requests_per_second: float | None = Field(None, gt=0.0, le=100_000.0)
     """Most generate requests the trainer's policy answers per second for the run (a token
     bucket with a burst of one second's worth): the environments' turns, and with them the
@@ -438,6 +453,12 @@ class WorkersSpec(ApiModel):
     """Workers that must be ready before the trainer starts. Default 1."""
     max_replicas: int = Field(4, ge=1, le=1000)
     """Workers started for the run. Default 4."""
+    ready_timeout_seconds: int = Field(600, ge=10, le=86400)
+    """Longest the run may have fewer than minReplicas workers ready, before its trainer
+    starts or while it trains: then the run fails (WorkersUnavailable) with what the workers
+    last said (Fargate capacity, a stopped task's reason, a crash loop's last words). The
+    trainer starts once minReplicas are ready; the rest are asked for again with backoff.
+    Default 600."""
     ecs: EcsSpec = Field(default_factory=EcsSpec)
     """ECS settings, for backend ecs-fargate."""
     kubernetes: KubernetesWorkersSpec = Field(default_factory=KubernetesWorkersSpec)
@@ -576,6 +597,13 @@ class LifecycleSpec(ApiModel):
     Default 3."""
     ttl_seconds_after_finished: int | None = Field(None, ge=0, le=31_536_000)
     """Delete the run object this long after it finishes. Unset keeps it."""
+    progress_timeout_seconds: int = Field(1800, ge=0, le=604_800)
+    """A running trainer that reports no step for this long is hung (a collective that never
+    returns is the usual cause): it is stopped and counted as a failed attempt (TrainerHung),
+    retried where the operator owns retries, else the run fails. The first step's clock starts
+    when the trainer runs, so it also covers loading the model. For HyperPodPyTorchJob, set
+    it above trainer.hangTimeoutSeconds, so HyperPod's own restart comes first. 0 turns it
+    off. Default 1800."""
 
 
 class SchedulingSpec(ApiModel):
@@ -727,6 +755,13 @@ class Progress(ApiModel):
     validation_pass_at_k: Annotated[list[PassAtK], Field(
         max_length=8, json_schema_extra=list_map("k"))] = Field(default_factory=list)
     """pass@k at the latest evaluation, for each k of dataset.evalPassAtK."""
+    failed_episode_fraction: float | None = Field(None, ge=0.0, le=1.0)
+    """Fraction of the latest step's episodes that failed (the environment raised, or the
+    episode timed out)."""
+    episode_error: Annotated[str, Field(max_length=1024)] = ""
+    """The latest step's most frequent episode error, in the environment's words."""
+    last_step_time: datetime | None = None
+    """When the operator saw the trainer report a new step (the hang clock's start)."""
     validation_history: Annotated[list[ValidationPoint], Field(
         max_length=VALIDATION_HISTORY, json_schema_extra=list_map("step"))] = Field(
         default_factory=list)
@@ -753,6 +788,15 @@ class WorkersStatus(ApiModel):
     """Workers running and healthy."""
     display: Annotated[str, Field(max_length=64)] = ""
     """ready/desired, for kubectl get."""
+    problem: Annotated[str, Field(max_length=4096)] = ""
+    """What the workers last said when some could not start or stopped: a Fargate capacity
+    failure, a stopped task's reason and exit code, a crash loop's last words."""
+    short_since: datetime | None = None
+    """Since when fewer than minReplicas workers have been ready (empty while enough are)."""
+    placement_failures: int = Field(0, ge=0)
+    """RunTask calls in a row that started fewer tasks than asked for."""
+    next_placement_time: datetime | None = None
+    """When the missing ECS tasks are asked for again (backoff after a shortfall)."""
 
 
 class Cost(ApiModel):
@@ -772,7 +816,8 @@ class Cost(ApiModel):
 
 class MultiTurnRLRunStatus(ApiModel):
     phase: Phase = Phase.PENDING
-    """Pending, Provisioning, Running, Suspended, Terminating, Succeeded or Failed."""
+    """Pending, Provisioning, Running, Suspending, Suspended, Terminating, Succeeded or
+    Failed."""
     message: Annotated[str, Field(max_length=32768)] = ""
     """Human-readable summary of the current state."""
     observed_generation: int | None = Field(None, ge=0)
@@ -786,6 +831,9 @@ class MultiTurnRLRunStatus(ApiModel):
     """When the run reached Succeeded or Failed."""
     attempts: int = Field(0, ge=0)
     """Trainer attempts started, including the current one."""
+    failed_attempts: int = Field(0, ge=0)
+    """Trainer attempts that failed (hung ones included); spec.lifecycle.backoffLimit counts
+    these. A trainer preempted, evicted or stopped for a suspension is not one."""
     launched_attempt: int = Field(0, ge=0)
     """The newest trainer attempt whose workload the operator has asked for, written before
     the create call: a workload of this attempt that is gone later is never created again."""

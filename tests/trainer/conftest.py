@@ -95,16 +95,30 @@ class TrainingRun:
             "MTRL_EPISODE_TIMEOUT_S": "60",
         }, name)
 
-    def start_trainer(self, spec: dict[str, Any], name: str = "trainer") -> subprocess.Popen[bytes]:
+    def start_trainer(self, spec: dict[str, Any], name: str = "trainer",
+                      processes: int = 1) -> subprocess.Popen[bytes]:
+        """`python -m mtrl_trainer`, or with `processes` > 1 under torchrun as the operator's
+        Job runs it (`torchrun --standalone --nproc-per-node=N -m mtrl_trainer`)."""
         config = ARTIFACTS / f"{self.prefix}-run.json"
         config.write_text(json.dumps(spec))
-        return self._spawn([sys.executable, "-m", "mtrl_trainer"], {
+        command = [sys.executable, "-m", "mtrl_trainer"] if processes == 1 else [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={processes}", "-m", "mtrl_trainer"]
+        return self._spawn(command, {
             "MTRL_CONFIG": str(config),
             "MTRL_PROGRESS_FILE": str(self.progress_path),
+            "MTRL_TERMINATION_MESSAGE_PATH": str(self.termination_path),
             "MTRL_COLLECT_GRACE_S": "10",
             # Two cores shared with the worker and moto: one intra-op thread is fastest.
             "OMP_NUM_THREADS": "1",
         }, name)
+
+    @property
+    def termination_path(self) -> Path:
+        return ARTIFACTS / f"{self.prefix}-termination-log"
+
+    def termination_message(self) -> str:
+        return self.termination_path.read_text() if self.termination_path.exists() else ""
 
     @property
     def progress_path(self) -> Path:

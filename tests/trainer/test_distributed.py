@@ -55,3 +55,22 @@ def test_every_rank_serves_its_share_of_the_episodes() -> None:
     assert all(r["reused"] > 0 for r in report["ranks"])
     # Before the update every rank sampled with version 0, after it with version 1.
     assert report["versions"] == [[0], [1]]
+
+
+@pytest.mark.aws
+def test_every_process_of_a_torchrun_trainer_serves_one_attempt(training_run) -> None:
+    """Production's start: `torchrun --nproc-per-node=2 -m mtrl_trainer`, each process deriving
+    its attempt as the trainer does. Every rank samples its share, so a rank refusing another
+    process's attempt would drop groups; all of them train."""
+    from .conftest import run_spec
+
+    spec = run_spec(training_run.bucket, maxSteps=3)
+    spec["dataset"]["evalIntervalSteps"] = 0
+    training_run.start_worker()
+    trainer = training_run.start_trainer(spec, processes=2)
+    assert trainer.wait(240) == 0, training_run.log("trainer")[-3000:]
+    log = training_run.log("trainer")
+    assert "another trainer attempt" not in log
+    for step in training_run.metrics(spec):
+        assert step["failedEpisodes"] == 0 and step["sampledGroups"] == 4, step
+        assert step["trainedGroups"] + round(step["zeroVarianceFraction"] * 4) == 4, step

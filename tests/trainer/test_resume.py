@@ -51,3 +51,35 @@ def test_sigkill_then_resume_continues_from_latest_checkpoint(training_run: Trai
     updates = [h["optimizerSteps"] for h in history]
     assert updates == [sum(h["updated"] for h in history[: i + 1]) for i in range(6)]
     assert training_run.progress()["step"] == 6
+
+
+def test_sigterm_saves_a_checkpoint_at_the_step_it_was_on_and_the_next_start_continues(
+        training_run: TrainingRun) -> None:
+    """No checkpoint is due before the end (interval 100): the one SIGTERM makes is all a
+    restart has. The step in progress when it came is the only work lost."""
+    spec = run_spec(training_run.bucket, maxSteps=8)
+    spec["output"] |= {"checkpointIntervalSteps": 100, "keepCheckpoints": 10}
+    spec["dataset"]["evalIntervalSteps"] = 0
+    store = CheckpointStore(training_run.output_uri(spec), keep=10, client=boto3.client("s3"))
+    training_run.start_worker()
+    first = training_run.start_trainer(spec, "trainer-1")
+    deadline = time.monotonic() + 120
+    while ((training_run.progress() or {}).get("step") or 0) < 3:
+        assert first.poll() is None, training_run.log("trainer-1")[-3000:]
+        assert time.monotonic() < deadline, "no step 3 in time"
+        time.sleep(0.05)
+    reported = training_run.progress()["step"]
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(60) == 143, training_run.log("trainer-1")[-3000:]
+    saved = store.committed_steps()
+    assert len(saved) == 1 and saved[0] in (reported, reported + 1), (saved, reported)
+    assert training_run.termination_message() == \
+        f"terminated by SIGTERM at step {saved[0]}/8: checkpoint saved at step {saved[0]}"
+    assert training_run.progress()["latestCheckpoint"].endswith(f"step-{saved[0]:06d}/")
+
+    second = training_run.start_trainer(spec, "trainer-2")
+    assert second.wait(180) == 0, training_run.log("trainer-2")[-3000:]
+    assert f"resumed from checkpoint at step {saved[0]}" in training_run.log("trainer-2")
+    final = torch.load(io.BytesIO(store._get(store._key("checkpoints/step-000008/trainer_state.pt"))),
+                       weights_only=False)
+    assert [h["step"] for h in final["history"]] == list(range(1, 9))  # none lost, none twice

@@ -1,6 +1,7 @@
 """`python -m mtrl_trainer` (also `mtrl trainer`, and under torchrun): run the configured GRPO
-training to spec.grpo.maxSteps. Exit 0 when done, 2 on a configuration error, 1 on any other
-unrecoverable error, always with one clear log line saying why, and the same line as the
+training to spec.grpo.maxSteps. Exit 0 when done, 2 on a configuration error, 143 when SIGTERM
+stopped it (after a checkpoint at the step it was on), 1 on any other unrecoverable error
+(episodes that keep failing among them), always with one clear log line saying why, and the same line as the
 container's termination message (the file $MTRL_TERMINATION_MESSAGE_PATH names, set by the
 operator to the container's terminationMessagePath), which the operator copies into the run's
 status."""
@@ -15,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from mtrl_api import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_PREFIX
+from mtrl_api import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_PREFIX, TERMINATED_EXIT_CODE
 from mtrl_trainer.config import ConfigError, TrainerConfig
 from mtrl_trainer.distributed import close_world, init_world
 
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         config = TrainerConfig.from_env()
     except ConfigError as exc:
         return _stop(CONFIG_ERROR_EXIT_CODE, f"{CONFIG_ERROR_PREFIX} {exc}")
-    from mtrl_trainer.loop import Run  # torch is heavy: import it after the config is valid
+    # torch is heavy: import it after the config is valid
+    from mtrl_trainer.loop import EpisodesFailed, Run, Terminated
 
     world = init_world()
     try:
@@ -54,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
             run.follow()
     except ConfigError as exc:  # found only once the run looked at its inputs
         return _stop(CONFIG_ERROR_EXIT_CODE, f"{CONFIG_ERROR_PREFIX} {exc}")
+    except Terminated as exc:
+        return _stop(TERMINATED_EXIT_CODE, str(exc))
+    except EpisodesFailed as exc:
+        return _stop(1, str(exc))
     except Exception as exc:
         log.exception("training failed")
         return _stop(1, f"training failed: {type(exc).__name__}: {exc}")

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import math
 import random
+import signal
 import threading
 import time
+from collections import Counter
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from mtrl_api import EPISODES_FAILED_PREFIX
 from mtrl_rollout.batching import Outbox
 from mtrl_rollout.generation import GenerationServer
 from mtrl_rollout.offload import Codec
@@ -50,6 +57,24 @@ from mtrl_trainer.stats import components, mean_std, success_rate, validation_pa
 from mtrl_trainer.update import UpdateConfig, UpdateStats, lora_parameters, train_step
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+MAX_ERROR = 1024  # characters of an episode's error carried in a progress report
+
+
+class Terminated(Exception):
+    """SIGTERM stopped the run; the message says where it stopped and what was saved."""
+
+
+class EpisodesFailed(Exception):
+    """The run's episodes keep failing: the environment's own error, and how often."""
+
+
+def most_frequent(errors: list[str]) -> str:
+    """The error most episodes of a step reported, with how many did."""
+    if not errors:
+        return ""
+    text, count = Counter(errors).most_common(1)[0]
+    return text[:MAX_ERROR] if count == len(errors) else f"{text[:MAX_ERROR]} ({count} times)"
 
 
 @dataclass(frozen=True)
@@ -131,7 +156,10 @@ def extra_groups(informative: int, complete: int, wanted: int) -> int:
 
 class Run:
     def __init__(self, config: TrainerConfig, world: World) -> None:
-        self.config = config
+        # One attempt id for every process of this start, rank 0's: sample ids carry it, and
+        # each rank's sampler refuses requests of another attempt.
+        self.config = config = dataclasses.replace(config, attempt=broadcast(config.attempt,
+                                                                             world))
         self.world = world
         spec = config.spec
         self.device = device_for(world, config.device)
@@ -164,6 +192,11 @@ class Run:
         # At the previous step's report: wall clock, tokens sampled, seconds decoding. A step's
         # figures run from report to report, so time spent sampling ahead is counted too.
         self._reported_at, self._tokens_at, self._decoding_at = time.monotonic(), 0, 0.0
+        self._terminated = asyncio.Event()  # set by SIGTERM, on rank 0's loop
+        self._failing_steps = 0  # in a row: more than maxFailedEpisodeFraction failed
+        self._failed_any = False
+        self._last_failure = ""
+        self._checkpointed_step = self.state.step
         self.update_config = UpdateConfig(
             epsilon=grpo.epsilon, epsilon_high=grpo.epsilon_high, beta=grpo.kl_beta,
             temperature=grpo.temperature, micro_batches=grpo.gradient_accumulation_steps,
@@ -266,6 +299,7 @@ class Run:
         ahead: dict[int, Pending] = {}
         self._reported_at = time.monotonic()
         self._tokens_at, self._decoding_at = service.tokens, service.decode_seconds
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminated.set)
         try:
             for step in range(self.state.step, grpo.max_steps):
                 # Play ahead: the episodes of the next maxStepsOffPolicy steps are out, sampled
@@ -276,7 +310,14 @@ class Run:
                             "s", later, tasks.for_step(later, grpo.prompts_per_step, grpo.seed),
                             grpo.group_size, self.state.step)
                 await self._step(step, ahead.pop(step), tasks, orchestrator, service, progress)
+                if self._terminated.is_set():
+                    raise Terminated()
+            if self._failed_any and self.optimizer_steps == 0:
+                raise EpisodesFailed(f"{EPISODES_FAILED_PREFIX} the run trained nothing in "
+                                     f"{grpo.max_steps} steps: {self._last_failure}")
             progress.succeeded(self.state.step, grpo.max_steps)  # the last checkpoint is saved
+        except Terminated:
+            raise Terminated(await self._save_on_termination(progress)) from None
         finally:
             stop.set()
             await serving
@@ -312,7 +353,9 @@ class Run:
     ) -> None:
         spec, grpo = self.config.spec, self.config.spec.grpo
         version = self.state.step
-        rollouts, rounds, groups = await self._sample(step, pending, tasks, orchestrator)
+        rollouts, rounds, groups = await self._interruptible(
+            self._sample(step, pending, tasks, orchestrator))
+        failed = self._judge_failures(step, rollouts)
         prepared = prepare(rollouts, self.config, grpo.gradient_accumulation_steps)
         rows = await asyncio.to_thread(broadcast, prepared.rows, self.world)
         update_started = time.monotonic()
@@ -324,10 +367,11 @@ class Run:
         if tasks.validation and interval and (self.state.step % interval == 0
                                               or self.state.step == grpo.max_steps):
             ks = spec.dataset.eval_pass_at_k
-            played = await orchestrator.play("v", step, tasks.validation, max(ks),
-                                             self.state.step)
-            validation = success_rate(played.results)
-            passes = validation_pass_at_k(played.results, ks)
+            with contextlib.suppress(Terminated):  # the step trained: report and save it
+                played = await self._interruptible(orchestrator.play(
+                    "v", step, tasks.validation, max(ks), self.state.step))
+                validation = success_rate(played.results)
+                passes = validation_pass_at_k(played.results, ks)
         rewards = [r.aggregate_reward_score for r in rollouts.results]
         reward_mean, reward_std = mean_std(rewards)
         now, tokens, decoding = time.monotonic(), service.tokens, service.decode_seconds
@@ -348,6 +392,7 @@ class Run:
             "rolloutWaitSeconds": round(rollouts.waited_seconds, 3),
             "updateSeconds": round(update_s, 3),
             "decodeSeconds": round(decode_s, 3),
+            "failedEpisodes": rollouts.counts.failed,
         }
         self.state.history.append({
             "step": self.state.step, "attempt": self.config.attempt, "policyVersion": version,
@@ -371,15 +416,69 @@ class Run:
             validation_success_rate=validation, validation_pass_at_k=passes,
             tokens_per_second=tokens_sampled / decode_s if decode_s else None,
             components=components(rollouts.results), policy_version=self.state.step,
-            training=training,
+            training=training, failed_episode_fraction=failed,
+            episode_error=most_frequent(rollouts.errors),
         ))
         if (self.state.step % spec.output.checkpoint_interval_steps == 0
-                or self.state.step == grpo.max_steps):
-            self.state.optimizer = self.optimizer.state_dict()
-            self.state.rng = capture_rng()
-            await asyncio.to_thread(self.store.save, self.policy.model, self.state)
-            progress.checkpointed(f"{self.config.output_uri}/checkpoints/"
-                                  f"step-{self.state.step:06d}/")
+                or self.state.step == grpo.max_steps or self._terminated.is_set()):
+            await self._checkpoint(progress)
+        if self._failing_steps >= spec.rollout.max_failing_steps:
+            raise EpisodesFailed(
+                f"{EPISODES_FAILED_PREFIX} {self._failing_steps} steps in a row lost more than "
+                f"spec.rollout.maxFailedEpisodeFraction {spec.rollout.max_failed_episode_fraction:g}"
+                f" of their episodes; {self._last_failure}")
+
+    async def _checkpoint(self, progress: Progress) -> None:
+        self.state.optimizer = self.optimizer.state_dict()
+        self.state.rng = capture_rng()
+        await asyncio.to_thread(self.store.save, self.policy.model, self.state)
+        self._checkpointed_step = self.state.step
+        progress.checkpointed(f"{self.config.output_uri}/checkpoints/"
+                              f"step-{self.state.step:06d}/")
+
+    async def _interruptible(self, work: Awaitable[T]) -> T:
+        """`work`, unless SIGTERM comes first: then it is cancelled and Terminated raised.
+        Only waits are interrupted (for rollouts, for validation); an update and a
+        checkpoint always finish, so what is saved is a whole step."""
+        task = asyncio.ensure_future(work)
+        terminated = asyncio.ensure_future(self._terminated.wait())
+        try:
+            await asyncio.wait({task, terminated}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            terminated.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise Terminated()
+
+    async def _save_on_termination(self, progress: Progress) -> str:
+        """A checkpoint at the step the run is on (unless it has one), and what to say."""
+        step, total = self.state.step, self.config.spec.grpo.max_steps
+        if step > self._checkpointed_step:
+            await self._checkpoint(progress)
+        saved = (f"checkpoint saved at step {step}" if step else
+                 "no step finished, nothing to save")
+        return f"terminated by SIGTERM at step {step}/{total}: {saved}"
+
+    def _judge_failures(self, step: int, rollouts: Rollouts) -> float | None:
+        """The step's failed-episode fraction; counts failing steps in a row."""
+        spec = self.config.spec
+        published = rollouts.counts.published
+        if not published:
+            return None
+        failed = rollouts.counts.failed / published
+        if failed > spec.rollout.max_failed_episode_fraction:
+            self._failing_steps += 1
+            self._failed_any = True
+            self._last_failure = (f"step {step + 1}: {rollouts.counts.failed} of {published} "
+                                  f"episodes failed: {most_frequent(rollouts.errors)}")
+            log.warning("failing step (%d in a row): %s", self._failing_steps,
+                        self._last_failure)
+        else:
+            self._failing_steps = 0
+        return failed
 
     def _sinks(self) -> list[ProgressSink]:
         sinks: list[ProgressSink] = [MetricsHistory(self.config.output_uri, self.state.step)]

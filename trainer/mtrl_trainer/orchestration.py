@@ -71,11 +71,13 @@ class Rollouts:
     counts: Counts = field(default_factory=Counts)
     seconds: float = 0.0  # from publishing the requests to the last result
     waited_seconds: float = 0.0  # of those, spent in `gather`
+    errors: list[str] = field(default_factory=list)  # what each failed episode's worker said
 
     def extend(self, more: Rollouts) -> None:
         """Add another round of the same step (dynamic sampling)."""
         self.groups += more.groups
         self.results += more.results
+        self.errors += more.errors
         for name, value in vars(more.counts).items():
             setattr(self.counts, name, getattr(self.counts, name) + value)
         self.waited_seconds += more.waited_seconds
@@ -241,12 +243,14 @@ def judge(
     `oldest`), and keep the groups whose every sample is usable."""
     counts = Counts(published=len(requests), received=len(got))
     usable: dict[str, RolloutResult] = {}
+    errors: list[str] = []
     for request in requests:
         result = got.get(request.sample_id)
         if result is None:
             counts.late += 1
         elif result.stop_reason in (StopReason.ERROR, StopReason.TIMEOUT):
             counts.failed += 1
+            errors.append(result.error or f"the episode ended with {result.stop_reason.value}")
             log.warning("sample %s failed (%s): %s", result.sample_id,
                         result.stop_reason.value, result.error)
         elif oldest_turn_version(result) < oldest:
@@ -265,4 +269,4 @@ def judge(
         log.warning("step rollouts: %d late, %d failed, %d stale; %d of %d groups dropped",
                     counts.late, counts.failed, counts.stale, counts.dropped_groups,
                     len(requests) // group_size)
-    return Rollouts(groups, list(usable.values()), counts)
+    return Rollouts(groups, list(usable.values()), counts, errors=errors)

@@ -25,7 +25,6 @@ from mtrl_api import PROGRESS_KEY
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class ComponentReport:
     name: str
@@ -50,6 +49,8 @@ class ProgressReport:
     # How the step trained (camelCase keys): off-policy lag, importance weights, time split.
     # They go to metrics.jsonl and the progress ConfigMap; status keeps the fields above.
     training: dict[str, Any] = field(default_factory=dict)
+    failed_episode_fraction: float | None = None
+    episode_error: str = ""  # the step's most frequent one, in the environment's words
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +71,8 @@ class ProgressReport:
                 for c in self.components
             ],
             "policyVersion": self.policy_version,
+            "failedEpisodeFraction": self.failed_episode_fraction,
+            "episodeError": self.episode_error,
             "updatedAt": _now(),
         }
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mtrl_api import CONFIG_ERROR_EXIT_CODE, PROGRESS_KEY, TERMINATION_MESSAGE_PATH
+from mtrl_api import PROGRESS_KEY, TERMINATION_MESSAGE_PATH
 from mtrl_api.run import LauncherKind, MultiTurnRLRunSpec
 from mtrl_operator.builders import security
 from mtrl_operator.builders.env import CONFIG_DIR, CONFIG_FILE, as_k8s
@@ -201,7 +201,8 @@ def pod_template(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
         tolerations.append(RESTRICTED_TOLERATION)
     pod_spec: dict[str, Any] = {
         "restartPolicy": restart_policy,
-        "terminationGracePeriodSeconds": 60,  # SIGTERM writes a last checkpoint
+        # SIGTERM: the trainer saves a checkpoint at the step it is on, then exits.
+        "terminationGracePeriodSeconds": trainer.termination_grace_period_seconds,
         "affinity": _affinity(spec),
         "tolerations": tolerations,
         "nodeSelector": dict(trainer.node_selector),
@@ -274,10 +275,12 @@ def workload(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str], att
                  "completions": spec.trainer.nodes,
                  "parallelism": spec.trainer.nodes,
                  "backoffLimit": 0,  # a failed attempt is retried by the operator, from a checkpoint
-                 # A configuration error fails the Job at once, whatever the backoff limit.
-                 "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
-                     "containerName": "trainer", "operator": "In",
-                     "values": [CONFIG_ERROR_EXIT_CODE]}}]},
+                 # A pod evicted, preempted or on a drained node (the API server marks it
+                 # DisruptionTarget) is replaced by the Job without counting a failure: its
+                 # trainer saved a checkpoint on SIGTERM and the next pod resumes from it
+                 # (kubernetes.io/docs/concepts/workloads/controllers/job/#pod-failure-policy).
+                 "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [
+                     {"type": "DisruptionTarget", "status": "True"}]}]},
                  "suspend": bool(spec.scheduling.queue_name),  # Kueue admits it
                  "template": template,
              }},

@@ -210,11 +210,16 @@ def test_every_launchers_trainer_leaves_its_cause_as_the_termination_message(
         "/dev/termination-log"
 
 
-def test_a_configuration_error_fails_the_job_at_once() -> None:
+def test_a_disrupted_pod_is_replaced_without_failing_the_job_and_any_failure_fails_it() -> None:
+    """backoffLimit 0: any failed pod fails the Job (the operator retries, and reads a
+    configuration error from the termination message: torchrun exits 1 whatever its child's
+    code); an evicted or preempted pod (DisruptionTarget) is the Job's to replace, and its
+    trainer had SIGTERM's grace period to save a checkpoint."""
     job = render("Job")
-    container_name = container(job["spec"]["template"]["spec"])["name"]
-    assert job["spec"]["podFailurePolicy"] == {"rules": [{"action": "FailJob", "onExitCodes": {
-        "containerName": container_name, "operator": "In", "values": [2]}}]}
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["podFailurePolicy"] == {"rules": [{"action": "Ignore", "onPodConditions": [
+        {"type": "DisruptionTarget", "status": "True"}]}]}
+    assert job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 180
 
 
 def test_a_kept_log_is_the_tail_owned_by_the_run() -> None:
