@@ -781,6 +781,14 @@ class Progress(ApiModel):
     reward.collapse.zeroVarianceThreshold."""
 
 
+class WorkersProblem(ApiModel):
+    reason: Annotated[str, Field(max_length=128)]
+    """CapacityUnavailable, PlacementFailed, TaskStopped, CrashLoopBackOff, Unschedulable,
+    ImagePullBackOff, ..."""
+    message: Annotated[str, Field(max_length=4096)]
+    """The cause in ECS's, the kubelet's or the worker's own words."""
+
+
 class WorkersStatus(ApiModel):
     desired: int = Field(0, ge=0)
     """Workers requested."""
@@ -788,15 +796,21 @@ class WorkersStatus(ApiModel):
     """Workers running and healthy."""
     display: Annotated[str, Field(max_length=64)] = ""
     """ready/desired, for kubectl get."""
-    problem: Annotated[str, Field(max_length=4096)] = ""
+    problem: WorkersProblem | None = None
     """What the workers last said when some could not start or stopped: a Fargate capacity
-    failure, a stopped task's reason and exit code, a crash loop's last words."""
+    failure, a stopped task's reason and exit code, a crash loop's last words. Cleared once
+    every worker is ready."""
     short_since: datetime | None = None
     """Since when fewer than minReplicas workers have been ready (empty while enough are)."""
+    stopped: int = Field(0, ge=0)
+    """ECS tasks of the run that stopped on their own (not told to by the operator), as
+    ECS last listed them."""
     placement_failures: int = Field(0, ge=0)
-    """RunTask calls in a row that started fewer tasks than asked for."""
+    """Shortfalls and crashes in a row (RunTask started fewer tasks than asked for, or a task
+    stopped on its own): the backoff before the missing tasks are asked for again."""
     next_placement_time: datetime | None = None
-    """When the missing ECS tasks are asked for again (backoff after a shortfall)."""
+    """When the missing ECS tasks are asked for again (10 s after the first shortfall or
+    crash, doubling to 5 minutes)."""
 
 
 class Cost(ApiModel):

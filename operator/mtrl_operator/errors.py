@@ -35,3 +35,10 @@ class CloudError(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class FatalConfig(Exception):
+    """The operator cannot work as configured (no usable kubeconfig, a ServiceAccount that
+    may not hold its Lease): it exits non-zero with this one line, as controller-runtime's
+    GetConfigOrDie does, so that a liveness probe or a person sees it, never a healthy pod
+    that will not act."""

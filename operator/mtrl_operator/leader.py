@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from mtrl_operator.errors import FatalConfig
+
 log = logging.getLogger("mtrl.leader")
 
 
@@ -86,11 +88,19 @@ class LeaderElector:
         self._observed: LeaseRecord | None = None
         self._observed_at = 0.0  # our clock when the record last changed
         self._renewed_at: float | None = None  # our clock when our last write succeeded
+        self._answered_at: float | None = None  # our clock when the API server last answered
+        self.last_error: str | None = None  # why the last try failed, if it did
 
     @property
     def leader(self) -> str | None:
         """Who held the lease when we last looked."""
         return self._observed.holder if self._observed else None
+
+    def reachable(self) -> bool:
+        """The API server answered a try within the renew deadline: a standby that cannot
+        reach it (or a leader about to lose its Lease) is not ready."""
+        return self._answered_at is not None and \
+            self.clock() - self._answered_at < self.renew_deadline
 
     def holding(self) -> bool:
         """True while our last renewal is younger than the renew deadline: the fence every
@@ -138,12 +148,15 @@ class LeaderElector:
             left -= self.clock() - self._renewed_at
         try:
             async with asyncio.timeout(max(left, 0.001)):
-                return await self.try_acquire_or_renew()
-        except asyncio.CancelledError:
+                won = await self.try_acquire_or_renew()
+        except (asyncio.CancelledError, FatalConfig):
             raise
         except Exception as exc:  # the API server is away: a candidate keeps trying
             log.warning("lease request failed: %r", exc)
+            self.last_error = f"{type(exc).__name__}: {exc}"
             return False
+        self._answered_at, self.last_error = self.clock(), None
+        return won
 
     async def acquire(self) -> None:
         """Return once this replica holds the lease; standby until then."""
@@ -190,12 +203,15 @@ class ElectionThread:
     renewal on the operator's loop until the lease is lost.
 
     `make_elector` runs on that thread (its API client belongs to that loop); `on_lost` too,
-    the moment leadership is lost."""
+    the moment leadership is lost, and `on_fatal` with one line when the election cannot
+    work at all (a kubeconfig that cannot be loaded, a Lease it may not read): a thread that
+    died quietly would leave a live, healthy-looking process that never acts."""
 
     def __init__(self, make_elector: Callable[[], LeaderElector],
-                 on_lost: Callable[[], None]) -> None:
+                 on_lost: Callable[[], None], on_fatal: Callable[[str], None]) -> None:
         self._make = make_elector
         self._on_lost = on_lost
+        self._on_fatal = on_fatal
         self._elector: LeaderElector | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -210,6 +226,19 @@ class ElectionThread:
     def holding(self) -> bool:
         return self._elector is not None and self._elector.holding()
 
+    @property
+    def error(self) -> str | None:
+        """Why the last try failed, if it did."""
+        return self._elector.last_error if self._elector else None
+
+    def alive(self) -> bool:
+        """The election thread runs (or has not been started)."""
+        return self._thread.ident is None or self._thread.is_alive()
+
+    def ready(self) -> bool:
+        """Alive and talking to the API server: what the readiness probe answers."""
+        return self.alive() and self._elector is not None and self._elector.reachable()
+
     async def acquire(self) -> None:
         """Start the thread; return once it holds the lease."""
         self._acquired = asyncio.get_running_loop().create_future()
@@ -217,6 +246,14 @@ class ElectionThread:
         await self._acquired
 
     async def _main(self) -> None:
+        try:
+            await self._elect()
+        except FatalConfig as exc:
+            self._on_fatal(str(exc))
+        except Exception as exc:
+            self._on_fatal(f"leader election failed: {type(exc).__name__}: {exc}")
+
+    async def _elect(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         self._elector = elector = self._make()
         await elector.acquire()

@@ -21,8 +21,9 @@ from aiohttp import web
 
 from mtrl_operator import handlers, logs, metrics
 from mtrl_operator.adapters import mutations
-from mtrl_operator.adapters.kube import FIELD_MANAGER
+from mtrl_operator.adapters.kube import FIELD_MANAGER, check_config
 from mtrl_operator.adapters.lease import KubeLease
+from mtrl_operator.errors import FatalConfig
 from mtrl_operator.leader import ElectionThread, LeaderElector
 from mtrl_operator.settings import Settings
 
@@ -32,6 +33,10 @@ log = logging.getLogger("mtrl.operator")
 def main(argv: list[str] | None = None) -> int:
     settings = Settings.parse(argv)
     logs.configure(settings.log_format)
+    try:
+        check_config()
+    except FatalConfig as exc:
+        return _fatal(str(exc))
     handlers.configure(settings)
     if settings.metrics_port:
         metrics.serve(settings.metrics_port)
@@ -54,19 +59,45 @@ def _election(settings: Settings) -> ElectionThread:
         sys.stderr.flush()
         os._exit(1)
 
-    return ElectionThread(elector, lost)
+    def fatal(line: str) -> None:
+        _fatal(line)
+        sys.stderr.flush()
+        os._exit(FATAL_EXIT_CODE)
+
+    return ElectionThread(elector, lost, fatal)
+
+
+FATAL_EXIT_CODE = 2
+
+
+def _fatal(line: str) -> int:
+    """One line naming what cannot work, in the log and on stderr; the exit code."""
+    log.critical("%s", line)
+    print(f"mtrl operator: {line}", file=sys.stderr)
+    return FATAL_EXIT_CODE
 
 
 async def _health_server(port: int, elector: ElectionThread | None) -> web.AppRunner:
-    """/healthz answers while the event loop runs, leader or standby: a standby is healthy
-    and ready (controller-runtime's convention), so a rollout never waits on the election."""
-    async def healthz(_: web.Request) -> web.Response:
+    """/healthz (liveness) answers 200 while the event loop and the election run, leader or
+    standby; /readyz (readiness) only while the API server answers the election too, so a
+    replica that cannot reach it shows as not ready. A standby that can reach the API server
+    is ready (controller-runtime's convention), so a rollout never waits on the election."""
+    def body(ok: bool) -> web.Response:
         return web.json_response({
-            "status": "ok", "leader": elector.holding() if elector else True,
-            "lease_holder": elector.leader if elector else None})
+            "status": "ok" if ok else "unavailable",
+            "leader": elector.holding() if elector else True,
+            "lease_holder": elector.leader if elector else None,
+            "error": elector.error if elector else None}, status=200 if ok else 503)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return body(elector.alive() if elector else True)
+
+    async def readyz(_: web.Request) -> web.Response:
+        return body(elector.ready() if elector else True)
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "0.0.0.0", port).start()

@@ -120,9 +120,10 @@ class RunNames:
         """ECS `startedBy` (at most 36 characters): the UID without dashes."""
         return "mtrl" + self.uid.replace("-", "")[:32]
 
-    def client_token(self, attempt: int, batch: int) -> str:
-        """ECS RunTask idempotency token for one batch of worker tasks of one attempt."""
-        return f"{self.uid}-a{attempt}-b{batch}"[:64]
+    def client_token(self, placement: int, batch: int) -> str:
+        """ECS RunTask idempotency token for one batch of worker tasks: `batch` counts the
+        run's tasks before it, `placement` the shortfalls before it (a retry is a new call)."""
+        return f"{self.uid}-p{placement}-b{batch}"[:64]
 
     def tags(self, component: str) -> dict[str, str]:
         return resource_tags(self.uid, self.namespace, self.name, component, self.operator_id)

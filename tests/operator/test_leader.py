@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from mtrl_operator.errors import FatalConfig
 from mtrl_operator.leader import (
     ElectionThread,
     LeaderElector,
@@ -173,7 +174,7 @@ async def test_the_election_thread_holds_and_releases_while_the_loop_is_busy() -
     lost: list[bool] = []
     thread = ElectionThread(lambda: LeaderElector(store, "a", lease_duration=3,
                                                   renew_deadline=2, retry_period=0.2),
-                            lambda: lost.append(True))
+                            lambda: lost.append(True), lambda line: lost.append(False))
     await asyncio.wait_for(thread.acquire(), 5)
     # The operator's loop is blocked for longer than the lease (a burst of reconciles on a
     # starved machine): renewals go on, on their own thread.
@@ -182,3 +183,35 @@ async def test_the_election_thread_holds_and_releases_while_the_loop_is_busy() -
     assert store.writes.count("a") >= 3
     await thread.release()
     assert store.record is not None and store.record.holder == "" and not thread.holding()
+
+
+async def test_a_standby_that_cannot_reach_the_api_server_is_not_ready() -> None:
+    store = MemoryLease(record=LeaseRecord("b", 15, T0, T0, 0))
+    elector = LeaderElector(store, "a", lease_duration=3, renew_deadline=2, retry_period=0.1)
+    assert not await elector._attempt() and elector.reachable()  # standing by, in touch
+    store.down = True
+    assert not await elector._attempt()
+    assert elector.reachable(), "a blip within the renew deadline is still ready"
+    elector.clock = lambda: time.monotonic() + 5
+    assert not elector.reachable() and elector.last_error
+
+
+class ForbiddenLease(MemoryLease):
+    async def read(self) -> tuple[LeaseRecord, str] | None:
+        raise FatalConfig("the operator may not get its Lease ns/lease (403 Forbidden)")
+
+
+async def test_an_election_that_cannot_work_ends_the_process_with_one_line() -> None:
+    """A Lease the ServiceAccount may not read is no passing trouble: the thread says so once
+    (main exits 2 on it) instead of dying quietly or retrying for ever."""
+    said: list[str] = []
+    thread = ElectionThread(lambda: LeaderElector(ForbiddenLease(), "a", lease_duration=3,
+                                                  renew_deadline=2, retry_period=0.1),
+                            lambda: said.append("lost"), said.append)
+    acquiring = asyncio.ensure_future(thread.acquire())
+    deadline = time.monotonic() + 5
+    while not said and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    acquiring.cancel()
+    assert said == ["the operator may not get its Lease ns/lease (403 Forbidden)"]
+    assert not thread.ready()

@@ -11,7 +11,6 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import boto3
@@ -24,6 +23,7 @@ from mtrl_operator.builders.queues import DLQ, WORK_QUEUES, QueueRequest
 from mtrl_operator.errors import SPEC_ERROR_CODES, SpecError
 from mtrl_operator.naming import QUEUE_ROLES, RunNames
 from mtrl_operator.reconcile.preflight import Found
+from mtrl_operator.reconcile.workers import OPERATOR_STOP_REASON, EcsTask, Placement
 from mtrl_rollout.queues import MANAGED_BY, TAG_MANAGED_BY, TAG_OPERATOR_ID, TAG_RUN_UID
 
 log = logging.getLogger("mtrl.aws")
@@ -33,22 +33,16 @@ RETRY_CONFIG = Config(retries={"max_attempts": 8, "mode": "standard"}, connect_t
 QUEUE_GONE = ("AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist")
 
 
-@dataclass(frozen=True)
-class WorkerTask:
-    arn: str
-    last_status: str
-    desired_status: str
-    health: str
-    task_definition_arn: str = ""
-
-    @property
-    def live(self) -> bool:
-        return self.desired_status == "RUNNING" and self.last_status not in ("STOPPED",
-                                                                           "DEPROVISIONING")
-
-    @property
-    def ready(self) -> bool:
-        return self.live and self.last_status == "RUNNING" and self.health != "UNHEALTHY"
+def _task(t: dict[str, Any]) -> EcsTask:
+    """A DescribeTasks entry: state, and for a stopped task why (its worker container's)."""
+    container = next((c for c in t.get("containers") or [] if c.get("name") == "worker"),
+                     (t.get("containers") or [{}])[0])
+    return EcsTask(t["taskArn"], t.get("lastStatus", ""), t.get("desiredStatus", ""),
+                   t.get("healthStatus", "UNKNOWN"), t.get("taskDefinitionArn", ""),
+                   stopped_reason=t.get("stoppedReason", ""), stop_code=t.get("stopCode", ""),
+                   exit_code=container.get("exitCode"),
+                   container_reason=container.get("reason", ""),
+                   stopped_at=t.get("stoppedAt"))
 
 
 def _queue_role(names: RunNames, url: str) -> str | None:
@@ -254,9 +248,9 @@ class Aws:
         return len(active)
 
     async def worker_tasks(self, names: RunNames, cluster: str,
-                           stopped: bool = True) -> list[WorkerTask]:
+                           stopped: bool = True) -> list[EcsTask]:
         """The run's tasks; `stopped=False` leaves out those told to stop (one call less,
-        for observing: only live tasks count there)."""
+        while every worker is there and none needs replacing)."""
         arns: list[str] = []
         for desired in ("RUNNING", "STOPPED") if stopped else ("RUNNING",):
             try:
@@ -273,14 +267,28 @@ class Aws:
         for i in range(0, len(arns), 100):
             resp = await self._call(self.ecs, "describe_tasks", cluster=cluster,
                                     tasks=arns[i:i + 100])
-            tasks += [WorkerTask(t["taskArn"], t.get("lastStatus", ""),
-                                 t.get("desiredStatus", ""), t.get("healthStatus", "UNKNOWN"),
-                                 t.get("taskDefinitionArn", ""))
-                      for t in resp.get("tasks", [])]
+            tasks += [_task(t) for t in resp.get("tasks", [])]
         return tasks
 
-    async def run_tasks(self, requests: list[dict[str, Any]]) -> list[str]:
-        started = []
+    async def last_log_line(self, group: str, stream: str) -> str:
+        """The last non-empty line a worker logged (its awslogs stream), or "" when there is
+        none or the operator may not read it."""
+        try:
+            resp = await self._call(self.logs, "get_log_events", logGroupName=group,
+                                    logStreamName=stream, limit=20, startFromHead=False)
+        except ClientError as exc:
+            log.debug("no log events in %s %s: %s", group, stream, exc)
+            return ""
+        lines = [line.strip() for e in resp.get("events", [])
+                 for line in (e.get("message") or "").splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+
+    async def run_tasks(self, requests: list[dict[str, Any]]) -> Placement:
+        """Every request's RunTask, and what they answered together. ECS answers HTTP 200
+        with fewer tasks than asked and a `failures` entry per task it could not place
+        (Fargate short of capacity): that is a Placement that fell short, not an error."""
+        started: list[str] = []
+        failures: list[str] = []
         for req in requests:
             try:
                 resp = await self._call(self.ecs, "run_task", **req)
@@ -292,14 +300,19 @@ class Aws:
                                             "cluster or the operator's MTRL_ECS_CLUSTER") from exc
             metrics.RESOURCES_CREATED.labels(kind="task").inc(len(resp.get("tasks", [])))
             started += [t["taskArn"] for t in resp.get("tasks", [])]
+            for failure in resp.get("failures") or []:
+                reason = failure.get("reason") or "no reason given"
+                failures.append(f"{reason} ({failure['detail']})" if failure.get("detail")
+                                else reason)
             if resp.get("failures"):
                 log.warning("run_task failures: %s", resp["failures"])
-        return started
+        return Placement(asked=sum(r["count"] for r in requests), started=len(started),
+                         failures=tuple(failures))
 
     async def stop_tasks(self, cluster: str, arns: list[str]) -> None:
         for arn in arns:
             await self._call(self.ecs, "stop_task", cluster=cluster, task=arn,
-                             reason="mtrl: run finished, suspended or deleted")
+                             reason=OPERATOR_STOP_REASON)
             metrics.RESOURCES_DELETED.labels(kind="task").inc()
 
     # ------------------------------------------------------------------ sweeping

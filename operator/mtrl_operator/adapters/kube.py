@@ -4,6 +4,7 @@ finalizers, Events, and informer-style list-and-watch."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -11,8 +12,9 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import httpx2 as httpx
-from lightkube import AsyncClient, codecs
+from lightkube import AsyncClient, KubeConfig, codecs
 from lightkube.core.exceptions import ApiError
+from lightkube.core.exceptions import ConfigError as KubeConfigError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.batch_v1 import Job
@@ -23,7 +25,7 @@ from lightkube.types import CascadeType, PatchType
 from mtrl_api import API_VERSION, GROUP, VERSION
 from mtrl_operator import metrics
 from mtrl_operator.adapters.mutations import mutating
-from mtrl_operator.errors import NotServed, SpecError, StaleCopy
+from mtrl_operator.errors import FatalConfig, NotServed, SpecError, StaleCopy
 
 log = logging.getLogger("mtrl.kube")
 FIELD_MANAGER = "mtrl-operator"
@@ -42,6 +44,15 @@ KINDS: dict[str, Any] = {
     "PyTorchJob": PyTorchJob, "HyperPodPyTorchJob": HyperPodPyTorchJob,
     "Deployment": Deployment, "ConfigMap": ConfigMap, "Service": Service, "Pod": Pod,
 }
+
+
+def check_config() -> None:
+    """The in-cluster service account or $KUBECONFIG, loadable; else FatalConfig naming it."""
+    try:
+        KubeConfig.from_env()
+    except KubeConfigError as exc:
+        raise FatalConfig(f"no usable Kubernetes configuration (in-cluster or "
+                          f"KUBECONFIG={os.environ.get('KUBECONFIG', '')!r}): {exc}") from exc
 
 
 def _dict(obj: Any) -> dict[str, Any]:

@@ -8,8 +8,19 @@ from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 
+from mtrl_operator.errors import FatalConfig
 from mtrl_operator.leader import LeaseConflict, LeaseRecord
 from mtrl_operator.naming import LABEL_MANAGED_BY, MANAGED_BY
+
+
+def _refused(exc: ApiError, verb: str, name: str, namespace: str) -> Exception:
+    """A 401 or 403 is no passing trouble: the replica can never hold the Lease."""
+    if exc.status.code in (401, 403):
+        return FatalConfig(f"the operator may not {verb} its Lease {namespace}/{name} "
+                           f"({exc.status.code} {exc.status.reason}: {exc.status.message}); "
+                           "its ServiceAccount needs get, create and update on leases "
+                           "(coordination.k8s.io) there, as the chart's Role grants")
+    return exc
 
 
 class KubeLease:
@@ -31,7 +42,7 @@ class KubeLease:
         except ApiError as exc:
             if exc.status.code == 404:
                 return None
-            raise
+            raise _refused(exc, "get", self.name, self.namespace) from exc
         spec = lease.spec or LeaseSpec()
         record = LeaseRecord(holder=spec.holderIdentity or "",
                              duration_seconds=spec.leaseDurationSeconds or 0,
@@ -56,7 +67,7 @@ class KubeLease:
         except ApiError as exc:
             if exc.status.code == 409:  # another candidate created it first
                 raise LeaseConflict(self.name) from exc
-            raise
+            raise _refused(exc, "create", self.name, self.namespace) from exc
         return str(lease.metadata.resourceVersion if lease.metadata else "")
 
     async def write(self, record: LeaseRecord, resource_version: str) -> str:
@@ -65,5 +76,5 @@ class KubeLease:
         except ApiError as exc:
             if exc.status.code == 409:
                 raise LeaseConflict(self.name) from exc
-            raise
+            raise _refused(exc, "update", self.name, self.namespace) from exc
         return str(lease.metadata.resourceVersion if lease.metadata else "")

@@ -62,10 +62,12 @@ def task_definition(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, st
 
 def run_task_requests(names: RunNames, spec: MultiTurnRLRunSpec, task_definition_arn: str,
                       cluster: str, subnets: list[str], security_groups: list[str],
-                      attempt: int, missing: int, first_batch: int) -> list[dict[str, Any]]:
+                      placement: int, missing: int, first_batch: int) -> list[dict[str, Any]]:
     """RunTask requests starting `missing` tasks, in batches of 10, each with its own client
-    token so a repeated call after a crash is recognisable. (A run without subnets or security
-    groups never gets here: `reconcile.observe.spec_problem` fails it first.)"""
+    token so a repeated call after a crash is recognisable. `placement` (shortfalls so far,
+    from the status) changes the tokens of a retry after a shortfall: ECS answers a token it
+    has seen with its first answer, and a retry must be a new request. (A run without subnets
+    or security groups never gets here: `reconcile.observe.spec_problem` fails it first.)"""
     requests = []
     for i in range(0, missing, RUN_TASK_BATCH):
         batch = first_batch + i // RUN_TASK_BATCH
@@ -79,7 +81,7 @@ def run_task_requests(names: RunNames, spec: MultiTurnRLRunSpec, task_definition
                 "subnets": subnets, "securityGroups": security_groups,
                 "assignPublicIp": "ENABLED" if spec.workers.ecs.assign_public_ip else "DISABLED"}},
             "startedBy": names.started_by,
-            "clientToken": names.client_token(attempt, batch),
+            "clientToken": names.client_token(placement, batch),
             "tags": [{"key": k, "value": v} for k, v in names.tags("worker-task").items()],
             "propagateTags": "TASK_DEFINITION",
             "enableECSManagedTags": True,

@@ -27,6 +27,7 @@ from mtrl_api.run import (
 from mtrl_operator import metrics
 from mtrl_operator.adapters.aws import Aws
 from mtrl_operator.adapters.kube import Kube
+from mtrl_operator.builders.workers import LOG_STREAM_PREFIX
 from mtrl_operator.builders.workers import log_group as worker_log_group
 from mtrl_operator.controllers.children import Children
 from mtrl_operator.controllers.preflight import due as preflight_due
@@ -34,7 +35,7 @@ from mtrl_operator.controllers.preflight import preflight
 from mtrl_operator.controllers.run_actions import RunActions
 from mtrl_operator.errors import SpecError, StaleCopy
 from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE, FINALIZER, LABEL_ATTEMPT, RunNames
-from mtrl_operator.reconcile.cost import steady
+from mtrl_operator.reconcile.cost import refresh_due, steady
 from mtrl_operator.reconcile.observe import (
     progress_from_configmap,
     spec_problem,
@@ -52,6 +53,13 @@ from mtrl_operator.reconcile.run import (
     decide,
     stalled,
 )
+from mtrl_operator.reconcile.workers import (
+    EcsTask,
+    WorkerProblem,
+    newest_stopped,
+    pod_problem,
+    stopped_task_problem,
+)
 from mtrl_operator.settings import Settings
 from mtrl_operator.workqueue import WorkQueue, every
 
@@ -61,6 +69,7 @@ Key = tuple[str, str]  # (namespace, name)
 
 # How long our own status write outranks what the watch brings, if its echo never comes.
 EXPECTATION_S = 60.0
+COST_REFRESH_S = 60.0  # status.cost is brought up to date at least this often while it moves
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,8 @@ class Controller:
         self.polls: dict[Key, tuple[Any, int]] = {}  # last poll's outcome, polls in a row
         self.expected: dict[Key, Expected] = {}  # status writes not yet echoed by the watch
         self.failures: dict[Key, int] = {}  # failed reconciles in a row
+        self.last_lines: dict[str, str] = {}  # stopped ECS task -> its worker's last log line
+        self.cost_written: dict[Key, float] = {}  # when each run's status was last written
         self.queue: WorkQueue[Key] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -134,6 +145,7 @@ class Controller:
             self.polls.pop(key, None)
             self.failures.pop(key, None)
             self.expected.pop(key, None)
+            self.cost_written.pop(key, None)
             self.runs.pop(key, None)
             self.keys_by_uid.pop(meta["uid"], None)
             self.children.forget(meta["uid"])
@@ -151,6 +163,11 @@ class Controller:
         previous = self.runs.get(key)
         self.runs[key] = body
         self._track_phase(key, (body.get("status") or {}).get("phase") or Phase.PENDING.value)
+        if previous is None or previous.get("status") != body.get("status"):
+            # From the stored status, not only after our own writes: a finished or suspended
+            # run never writes again, and a restarted operator must still export its figures.
+            metrics.set_run_figures(key[0], key[1], (body.get("status") or {}).get("progress")
+                                    or {})
         self.keys_by_uid[meta["uid"]] = key
         if self.queue and (previous is None or _reconcile_input(previous) != _reconcile_input(body)):
             self.queue.add(key)
@@ -246,7 +263,12 @@ class Controller:
         decision = decide(obs)
         await self._publish(body, decision)
         try:
-            await self.actions.run(body, names, spec, obs, decision)
+            placement = await self.actions.run(body, names, spec, obs, decision)
+            if placement is not None:
+                # What RunTask answered is news for the status (a shortfall, its backoff):
+                # the same decision again, knowing it; its actions were just done.
+                decision = decide(replace(obs, placement=placement))
+                await self._publish(body, decision)
         except SpecError as exc:
             if deleting or decision.status.phase.finished:
                 raise  # tearing down: retry with backoff; never fail twice
@@ -270,8 +292,12 @@ class Controller:
         last, polls = self.polls.get(key, (None, 0))
         polls = polls + 1 if outcome == last else 0
         self.polls[key] = (outcome, polls)
-        return min(decision.requeue_after * 2 ** polls,
-                   max(decision.requeue_after, self.settings.resync_seconds))
+        wait, resync = decision.requeue_after * 2 ** polls, self.settings.resync_seconds
+        if decision.status.phase.finished:  # what is left: teardown, or the TTL's moment
+            return min(wait, max(decision.requeue_after, resync))
+        # A live run is looked at every resync period at least, whatever deadline is far
+        # (ECS has no watch: a stopped worker task is seen only by looking).
+        return min(wait, resync)
 
     def _parse_spec(self, body: dict[str, Any]) -> tuple[MultiTurnRLRunSpec | None,
                                                         tuple[str, str] | None]:
@@ -303,8 +329,12 @@ class Controller:
         refs.queues = [QueueRef(role=r, url=u) for r, u in sorted(queue_urls.items())]
 
         workers_exist, desired, ready = False, 0, 0
+        problem: WorkerProblem | None = None
+        tasks: list[EcsTask] = []
+        stopped = status.workers.stopped  # unless the stopped tasks are listed below
         # Without a readable spec the backend is unknown: look for workers of both.
         backend = spec.workers.backend if spec else None
+        live_run = spec is not None and not deleting and not status.phase.finished
         if backend in (WorkerBackend.KUBERNETES, None):
             dep = self.children.deployments.get(names.uid)
             if dep is not None:
@@ -312,9 +342,18 @@ class Controller:
                 refs.worker_deployment = dep["metadata"]["name"]
                 desired = (dep.get("spec") or {}).get("replicas") or 0
                 ready = (dep.get("status") or {}).get("readyReplicas") or 0
+                if live_run and ready < desired:  # why not: the kubelet's and worker's words
+                    problem = pod_problem(await self.kube.labelled(
+                        "Pod", names.namespace, names.labels("worker")))
         if backend in (WorkerBackend.ECS_FARGATE, None) and not skip_aws:
-            live = [t for t in await self.aws.worker_tasks(names, self.actions.cluster(spec),
-                                                           stopped=False) if t.live]
+            cluster = self.actions.cluster(spec)
+            tasks = await self.aws.worker_tasks(names, cluster, stopped=False)
+            if live_run and spec and sum(t.live for t in tasks) < spec.workers.max_replicas:
+                # Some are missing: the stopped ones say why, and EnsureWorkers needs them all.
+                tasks = await self.aws.worker_tasks(names, cluster)
+                problem = await self._stopped_words(names, spec, tasks)
+                stopped = sum(t.stopped_on_its_own for t in tasks)
+            live = [t for t in tasks if t.live]
             # Live tasks name their definition. Without them, it is looked up once one may
             # have been registered: workers come after the queues, or it was recorded.
             may_exist = len(queue_urls) == 4 or deleting or status.phase.finished or \
@@ -383,15 +422,35 @@ class Controller:
             progress=progress_from_configmap(progress_cm) if progress_cm else None,
             namespace=names.namespace, name=names.name, uid=names.uid,
             reported_attempt=reported_attempt, trainer_outcome=outcome,
+            worker_problem=problem, ecs_tasks=tuple(tasks), workers_stopped=stopped,
         )
+
+    async def _stopped_words(self, names: RunNames, spec: MultiTurnRLRunSpec,
+                             tasks: list[EcsTask]) -> WorkerProblem | None:
+        """The newest task that stopped on its own, in ECS's words and the worker's last log
+        line (read once per task: its stream is worker/worker/<task id>)."""
+        task = newest_stopped(tasks)
+        if task is None:
+            return None
+        line = self.last_lines.get(task.arn)
+        if line is None:
+            line = await self.aws.last_log_line(worker_log_group(names, spec),
+                                                f"{LOG_STREAM_PREFIX}/worker/{task.id}")
+            self.last_lines[task.arn] = line
+        return stopped_task_problem(task, line)
 
     async def _publish(self, body: dict[str, Any], decision: Decision) -> None:
         """Write status only when it changed; post an Event per transition."""
         meta = body["metadata"]
         new = decision.status.wire()
-        # The cost meter's totals ride along with a write; alone they would write every time.
-        if steady(decision.status).wire() != steady(self._parse_status(body)).wire():
-            key = (meta["namespace"], meta["name"])
+        key = (meta["namespace"], meta["name"])
+        shown = self._parse_status(body)
+        # The cost meter's totals ride along with a write; alone they would write every time,
+        # so they are brought up to date on their own at most once a COST_REFRESH_S.
+        written = self.cost_written.get(key)
+        if steady(decision.status).wire() != steady(shown).wire() or refresh_due(
+                shown.cost, decision.status.cost,
+                None if written is None else time.monotonic() - written, COST_REFRESH_S):
             version = await self.kube.apply_status(key[0], key[1], new, CONDITION_TYPES)
             body["status"] = new  # the rest of this reconcile sees our own write
             # So does the cache, which the watch may have refreshed since this reconcile read
@@ -402,6 +461,7 @@ class Controller:
             if version is not None:
                 self.expected[key] = Expected(version, new, time.monotonic() + EXPECTATION_S)
             self._track_phase(key, new["phase"])
+            self.cost_written[key] = time.monotonic()
             metrics.set_run_figures(key[0], key[1], new.get("progress") or {})
         for event in decision.events:
             await self.kube.event(body, event.type, event.reason, event.message)
@@ -409,10 +469,13 @@ class Controller:
     # ------------------------------------------------------------------ sweeper
 
     async def sweep_once(self) -> int:
-        """Delete cloud resources tagged by this operator whose run no longer exists."""
+        """Delete cloud resources tagged by this operator whose run no longer exists. Tags
+        are read first, runs second (from the API server, not a cache): a run made between
+        the two reads is in the second, and its fresh resources were not in the first."""
+        tagged = await self.aws.tagged(self.settings.operator_id)
         known = await self.kube.uids("MultiTurnRLRun", self.settings.list_scopes)
         swept = 0
-        for uid, arns in (await self.aws.tagged(self.settings.operator_id)).items():
+        for uid, arns in tagged.items():
             if uid in known:
                 continue
             for arn in arns:

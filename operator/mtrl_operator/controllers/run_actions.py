@@ -1,7 +1,7 @@
 """What a run's decision asks for, done through the adapters: queues, workers and trainer made
 from the builders' manifests and request bodies, and taken down again.
 
-Each action works from what its reconcile just observed (the queues, the live tasks, the task
+Each action works from what its reconcile just observed (the queues, the ECS tasks, the task
 definition) instead of looking again, and never lists: every name is known.
 """
 
@@ -19,6 +19,7 @@ from mtrl_operator.builders import workers as worker_builders
 from mtrl_operator.builders.env import trainer_env, worker_env
 from mtrl_operator.naming import FINALIZER, RunNames, owner_reference
 from mtrl_operator.reconcile.run import Act, Decision, Observed, TrainerObserved, TrainerState
+from mtrl_operator.reconcile.workers import Placement
 from mtrl_operator.settings import Settings
 
 log = logging.getLogger("mtrl.controller")
@@ -52,8 +53,10 @@ class RunActions:
                 else self.settings.ecs_cluster)
 
     async def run(self, body: dict[str, Any], names: RunNames, spec: MultiTurnRLRunSpec | None,
-                  obs: Observed, decision: Decision) -> None:
-        """The decision's actions, in their order."""
+                  obs: Observed, decision: Decision) -> Placement | None:
+        """The decision's actions, in their order; what RunTask answered, if it was called
+        (the decision is taken again with it: a shortfall is news for the run's status)."""
+        placement = None
         for action in decision.actions:
             log.info("%s/%s: %s", names.namespace, names.name, action.value,
                      extra={"run": f"{names.namespace}/{names.name}"})
@@ -65,7 +68,7 @@ class RunActions:
                     existing=_queue_urls(obs))
             elif action == Act.ENSURE_WORKERS:
                 assert spec is not None
-                await self._ensure_workers(body, names, spec, obs)
+                placement = await self._ensure_workers(body, names, spec, obs)
             elif action == Act.ENSURE_TRAINER:
                 assert spec is not None
                 await self._ensure_trainer(body, names, spec, obs, decision.attempt)
@@ -87,14 +90,15 @@ class RunActions:
                 await self.kube.delete("MultiTurnRLRun", names.name, names.namespace)
             elif action == Act.REMOVE_FINALIZER:
                 await self.remove_finalizer(body)
+        return placement
 
     async def _ensure_workers(self, body: dict[str, Any], names: RunNames,
-                              spec: MultiTurnRLRunSpec, obs: Observed) -> None:
+                              spec: MultiTurnRLRunSpec, obs: Observed) -> Placement | None:
         env = worker_env(names, spec, _queue_urls(obs), self.settings.region)
         if spec.workers.backend == WorkerBackend.KUBERNETES:
             await self.kube.create(worker_builders.deployment(names, spec, env,
                                                               owner_reference(body)))
-            return
+            return None
         if not spec.workers.ecs.log_group:  # the run's own, made before anything writes to it
             await self.aws.ensure_log_group(names.log_group, names.tags("logs"),
                                             spec.workers.ecs.log_retention_days)
@@ -103,17 +107,17 @@ class RunActions:
                                                    self.settings.ecs_execution_role_arn,
                                                    self.settings.region),
             known=obs.resources.task_definition_arn)
-        tasks = await self.aws.worker_tasks(names, self.cluster(spec))
-        live = sum(t.live for t in tasks)
-        missing = spec.workers.max_replicas - live
+        tasks = obs.ecs_tasks  # live and stopped: the observation lists both when any is missing
+        missing = spec.workers.max_replicas - sum(t.live for t in tasks)
         if missing <= 0:
-            return
+            return None
         requests = worker_builders.run_task_requests(
             names, spec, definition, self.cluster(spec),
             spec.workers.ecs.subnets or self.settings.ecs_subnets,
             spec.workers.ecs.security_groups or self.settings.ecs_security_groups,
-            attempt=1, missing=missing, first_batch=len(tasks))
-        await self.aws.run_tasks(requests)
+            placement=obs.status.workers.placement_failures, missing=missing,
+            first_batch=len(tasks))
+        return await self.aws.run_tasks(requests)
 
     async def _ensure_trainer(self, body: dict[str, Any], names: RunNames,
                               spec: MultiTurnRLRunSpec, obs: Observed, attempt: int) -> None:

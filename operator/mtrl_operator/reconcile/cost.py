@@ -3,7 +3,9 @@
 The meter counts while the trainer runs (its pods hold the nodes); closed intervals accumulate
 in `nodeSeconds`, the open one starts at `runningSince`, so the total at any moment is exact
 however rarely the run is reconciled. The totals (`gpuHours`, `usd`, `display`) move every
-second; they are written with the rest of the status, never on their own (`steady`).
+second; they are written with the rest of the status (`steady`), and on their own only when
+the shown figure is stale and was last written a while ago (`refresh_due`): a trainer that
+hangs in its rendezvous changes nothing else, and must not show $0.00 while it costs.
 """
 
 from __future__ import annotations
@@ -57,3 +59,9 @@ def steady(status: MultiTurnRLRunStatus) -> MultiTurnRLRunStatus:
     out = status.model_copy()
     out.cost = status.cost.model_copy(update={"gpu_hours": 0.0, "usd": None, "display": ""})
     return out
+
+
+def refresh_due(shown: Cost, current: Cost, since_write: float | None, every: float) -> bool:
+    """Whether the meter alone is worth a status write: the shown figure is out of date and
+    the run's status was last written `every` seconds ago or more (or never by us)."""
+    return shown.display != current.display and (since_write is None or since_write >= every)

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
 
-from mtrl_api import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_PREFIX, PROGRESS_KEY
+from mtrl_api import (
+    CONFIG_ERROR_EXIT_CODE,
+    CONFIG_ERROR_PREFIX,
+    EPISODES_FAILED_PREFIX,
+    PROGRESS_KEY,
+)
 from mtrl_api.environments import EnvironmentInfo, catalog
 from mtrl_api.run import (
     FARGATE_MEMORY_MIB,
@@ -92,11 +98,27 @@ def failed_containers(pods: list[dict[str, Any]]) -> list[tuple[str, dict[str, A
     return out
 
 
+def disruption(pods: list[dict[str, Any]]) -> str:
+    """Why the pods were stopped from outside, if they were: the DisruptionTarget condition
+    the API server, the scheduler or the kubelet sets on a pod it evicts or preempts
+    (kubernetes.io/docs/concepts/workloads/pods/disruptions/#pod-disruption-conditions)."""
+    for pod in pods:
+        for c in (pod.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "DisruptionTarget" and c.get("status") == "True":
+                said = c.get("message") or ""
+                return f"{c.get('reason') or 'Disrupted'}: {said}" if said else \
+                    c.get("reason") or "Disrupted"
+    return ""
+
+
 def with_cause(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerObserved:
     """A failed trainer, told in its own words: the termination message of a container of its
     pods that failed (the trainer writes one line; with FallbackToLogsOnError the kubelet puts
     the tail of the log there instead), its last line, and whether it was a configuration
-    error (exit code 2, or the message says so: torchrun exits 1 whatever its child did)."""
+    error (exit code 2, or the message says so: torchrun exits 1 whatever its child did) or
+    episodes that kept failing; or that its pods were evicted or preempted."""
+    if said := disruption(pods):
+        return replace(trainer, disrupted=said[:MAX_CAUSE])
     failed = failed_containers(pods)
     if not failed:
         return trainer
@@ -107,9 +129,9 @@ def with_cause(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerO
     cause = next((line for line in reversed(lines) if line), "")
     config_error = code == CONFIG_ERROR_EXIT_CODE or cause.startswith(CONFIG_ERROR_PREFIX)
     told = f"{cause[:MAX_CAUSE]} (exit code {code})" if cause else f"exit code {code}"
-    return TrainerObserved(trainer.attempt, trainer.state,
-                           f"{told}; {trainer.message}" if trainer.message else told,
-                           config_error, failed_in=(pod, container["name"]))
+    return replace(trainer, message=f"{told}; {trainer.message}" if trainer.message else told,
+                   config_error=config_error, failed_in=(pod, container["name"]),
+                   episodes_failed=cause.startswith(EPISODES_FAILED_PREFIX))
 
 
 def with_placement(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerObserved:

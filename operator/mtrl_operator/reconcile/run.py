@@ -11,7 +11,7 @@ on the way out the trainer goes first, then workers, then queues.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from mtrl_api.run import (
@@ -24,16 +24,24 @@ from mtrl_api.run import (
     Progress,
     ResourceRefs,
     ValidationPoint,
+    WorkersProblem,
     WorkersStatus,
 )
 from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE
 from mtrl_operator.reconcile.cost import budget, metered
 from mtrl_operator.reconcile.retries import RetryOwner, retry_owner
+from mtrl_operator.reconcile.workers import (
+    EcsTask,
+    Placement,
+    WorkerProblem,
+    placement_backoff,
+    placement_problem,
+)
 
 # The run's conditions this operator writes (and owns under server-side apply); others'
 # conditions on the run are theirs and left alone.
 CONDITION_TYPES = frozenset({"Preflight", "Progressing", "QueuesReady", "WorkersReady", "TrainerReady",
-                             "Complete", "Failed", "RewardCollapse"})
+                             "Complete", "Failed", "RewardCollapse", "EpisodesFailing"})
 SUCCEEDED_OUTCOME = "Succeeded"  # what a trainer writes into its progress once training is done
 
 
@@ -74,6 +82,9 @@ class TrainerObserved:
     config_error: bool = False  # the trainer said retrying cannot help
     unschedulable: bool = False  # the scheduler said no node fits its pods
     failed_in: tuple[str, str] | None = None  # (pod, container) whose failure told the cause
+    episodes_failed: bool = False  # the trainer stopped because the run's episodes kept failing
+    disrupted: str = ""  # its pods were evicted or preempted (the API server's words)
+    hung: bool = False  # running, but no step for spec.lifecycle.progressTimeoutSeconds
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,13 @@ class Observed:
     trainer_outcome: str | None = None
     preflight: str | None = None  # what preflight checked, when it ran and passed
     price: float | None = None  # USD per node-hour of the trainer's instance type, if known
+    # The workers in their own words: a stopped ECS task, a crash-looping pod (None: nothing
+    # to say now); ECS tasks that stopped on their own; what this reconcile's RunTask answered
+    # (set when the decision is taken again after EnsureWorkers); every task listed.
+    worker_problem: WorkerProblem | None = None
+    workers_stopped: int = 0
+    placement: Placement | None = None
+    ecs_tasks: tuple[EcsTask, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -204,6 +222,7 @@ def _merged_progress(previous: Progress, reported: Progress) -> Progress:
     latest checkpoint."""
     out = reported.model_copy()
     out.collapse_streak = previous.collapse_streak
+    out.last_step_time = previous.last_step_time
     out.latest_checkpoint = reported.latest_checkpoint or previous.latest_checkpoint
     history = [p for p in previous.validation_history if p.step != reported.step]
     if reported.validation_success_rate is None:
@@ -227,7 +246,10 @@ def _merge_observations(st: _Draft, obs: Observed) -> None:
                                                                     TrainerState.RESTARTING)
         st.s.cost = metered(st.s.cost, obs.spec, running, obs.price, obs.now)
     if obs.progress is not None:
+        new_step = obs.progress.step != st.s.progress.step
         st.s.progress = _merged_progress(st.s.progress, obs.progress)
+        if new_step:  # the hang clock: when a step was seen, on the operator's own clock
+            st.s.progress.last_step_time = obs.now
         if st.s.progress.latest_checkpoint and st.s.output_uri:
             st.s.adapter_uri = f"{st.s.output_uri}/adapter/"
         mean = st.s.progress.reward_mean
@@ -237,8 +259,9 @@ def _merge_observations(st: _Draft, obs: Observed) -> None:
         st.s.progress.total_steps = total
         st.s.progress.display = f"{st.s.progress.step}/{total}"
         desired = obs.workers_desired or obs.spec.workers.max_replicas
-        st.s.workers = WorkersStatus(desired=desired, ready=obs.workers_ready,
-                                     display=f"{obs.workers_ready}/{desired}")
+        st.s.workers = st.s.workers.model_copy(update={
+            "desired": desired, "ready": obs.workers_ready,
+            "display": f"{obs.workers_ready}/{desired}"})
 
 
 def _reward_collapse(st: _Draft, obs: Observed, previous: Progress) -> None:
@@ -259,6 +282,33 @@ def _reward_collapse(st: _Draft, obs: Observed, previous: Progress) -> None:
             message if raised else "")
     if raised and not was:
         st.events.append(Event("Warning", "RewardCollapse", message))
+
+
+def _episodes_failing(st: _Draft, obs: Observed, previous: Progress) -> None:
+    """A reported step that lost more than rollout.maxFailedEpisodeFraction of its episodes
+    is named, in the environment's words, until a step does not."""
+    spec, progress = obs.spec, st.s.progress
+    if spec is None or progress.failed_episode_fraction is None or progress.step == previous.step:
+        return
+    limit = spec.rollout.max_failed_episode_fraction
+    failing = progress.failed_episode_fraction > limit
+    was = any(c.type == "EpisodesFailing" and c.status == "True" for c in st.s.conditions)
+    message = (f"{progress.failed_episode_fraction:.0%} of the episodes of step {progress.step} "
+               f"failed (more than spec.rollout.maxFailedEpisodeFraction {limit:g}): "
+               f"{progress.episode_error or 'no error given'}")
+    st.cond("EpisodesFailing", failing, "EpisodeErrors" if failing else "EpisodesSucceed",
+            message if failing else "")
+    if failing and not was:
+        st.events.append(Event("Warning", "EpisodesFailing", message))
+
+
+def _duration(seconds: float) -> str:
+    """30m, 90s, 2h: how people say a timeout."""
+    whole = round(seconds)
+    for unit, size in (("h", 3600), ("m", 60)):
+        if whole >= size and whole % size == 0:
+            return f"{whole // size}{unit}"
+    return f"{whole}s"
 
 
 _OWNER_TEXT = {RetryOwner.HYPERPOD_AUTO_RESUME: "HyperPod auto-resume",
@@ -290,13 +340,14 @@ def decide(obs: Observed) -> Decision:
     previous_progress = obs.status.progress
     _merge_observations(st, obs)
     _reward_collapse(st, obs, previous_progress)
+    _episodes_failing(st, obs, previous_progress)
     st.s.observed_generation = obs.generation
     if (decision := _deletion(st) or _invalid_spec(st) or _finished(st)) is not None:
         return decision
     spec = obs.spec
     assert spec is not None  # a run without a readable spec is finished or deleting
     return (_start_and_deadline(st, spec) or _suspension(st, spec) or _queues(st)
-            or _workers(st, spec) or _trainer(st, spec))
+            or _workers_then_trainer(st, spec))
 
 
 FORCE_RELEASE_HINT_AFTER = 3  # failed teardowns in a row before the status says how to let go
@@ -392,22 +443,32 @@ def _start_and_deadline(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision | None
 
 
 def _suspension(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision | None:
-    """Suspended: compute goes, queues and progress stay."""
-    if not spec.lifecycle.suspend:
-        if st.s.phase in (Phase.PENDING, Phase.SUSPENDED):
+    """Suspended: compute goes, trainer first; queues and progress stay. Suspending lasts
+    until the trainer is gone, even if the run is resumed meanwhile (KubeRay's RayJob does
+    the same): the trainer the operator deleted itself is then never taken for one that
+    vanished, and resuming starts the same attempt again from its latest checkpoint."""
+    obs = st.obs
+    stopping = obs.trainers_exist and st.s.phase == Phase.SUSPENDING
+    if not spec.lifecycle.suspend and not stopping:
+        if st.s.phase in (Phase.PENDING, Phase.SUSPENDED, Phase.SUSPENDING):
             st.phase(Phase.PROVISIONING, "creating queues, workers and trainer")
         return None
-    actions = _teardown(st.obs, keep_queues=True)
     st.cond("Progressing", False, "Suspended", "the run is suspended")
-    if actions:
-        st.phase(Phase.SUSPENDED if st.s.phase == Phase.SUSPENDED else Phase.TERMINATING,
-                 "suspending: stopping the trainer and workers")
-        return st.wait(actions, requeue=1.0)
-    st.cond("TrainerReady", False, "Suspended", "")
-    st.cond("WorkersReady", False, "Suspended", "")
+    if obs.trainers_exist:
+        st.phase(Phase.SUSPENDING, "suspending: stopping the trainer")
+        return st.wait([Act.DELETE_TRAINER], requeue=1.0)
     # The operator deleted the trainer itself: resuming creates the same attempt again.
     st.s.launched_attempt = min(st.s.launched_attempt, st.s.attempts - 1)
     st.s.observed_attempt = min(st.s.observed_attempt, st.s.attempts - 1)
+    st.s.workers = WorkersStatus()  # the workers' clocks and words start again on resume
+    if not spec.lifecycle.suspend:  # resumed while the trainer was being stopped
+        st.phase(Phase.PROVISIONING, "resuming: creating workers and trainer")
+        return None
+    if obs.workers_exist:
+        st.phase(Phase.SUSPENDING, "suspending: stopping the workers")
+        return st.wait([Act.DELETE_WORKERS], requeue=1.0)
+    st.cond("TrainerReady", False, "Suspended", "")
+    st.cond("WorkersReady", False, "Suspended", "")
     st.phase(Phase.SUSPENDED, "suspended; set spec.lifecycle.suspend=false to resume from the "
                               "latest checkpoint")
     return st.wait([])
@@ -422,20 +483,95 @@ def _queues(st: _Draft) -> Decision | None:
     return st.wait([Act.ENSURE_QUEUES], requeue=0.1)  # CreateQueue returns once it exists
 
 
-def _workers(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision | None:
-    """Workers before the GPUs: the trainer waits for `minReplicas` of them."""
-    obs, workers = st.obs, spec.workers
+@dataclass(frozen=True)
+class _WorkerPlan:
+    actions: list[Act]
+    requeue: float | None
+    enough: bool  # minReplicas ready: the trainer may start
+
+
+def _worker_words(st: _Draft, spec: MultiTurnRLRunSpec) -> None:
+    """The workers' problem in status: what this reconcile's RunTask answered, else what the
+    tasks or pods say, else the last words, until every worker is ready. Each new cause is
+    an Event; a shortfall or a crash backs the next RunTask off."""
+    obs, ws = st.obs, st.s.workers
+    said, short = obs.worker_problem, False
+    if obs.placement is not None:  # a try just happened
+        ws.next_placement_time = None
+        short = obs.placement.short
+        said = placement_problem(obs.placement) or said
+    if short or obs.workers_stopped > ws.stopped:  # a shortfall, or a task stopped on its own
+        ws.placement_failures += 1
+        ws.next_placement_time = obs.now + dt.timedelta(
+            seconds=placement_backoff(ws.placement_failures))
+    ws.stopped = obs.workers_stopped
+    if said is not None:
+        problem = WorkersProblem(reason=said.reason, message=said.words)
+        if ws.problem != problem:
+            st.events.append(Event("Warning", said.reason, said.words))
+        ws.problem = problem
+    elif obs.workers_ready >= spec.workers.max_replicas:  # all there: what was said is over
+        ws.problem, ws.placement_failures, ws.next_placement_time = None, 0, None
+
+
+def _workers(st: _Draft, spec: MultiTurnRLRunSpec) -> _WorkerPlan | Decision:
+    """Workers before the GPUs: the trainer starts once `minReplicas` are ready, and the rest
+    are asked for again (with backoff after a shortfall) without holding the trainer back. A
+    run short of `minReplicas` for `readyTimeoutSeconds`, before or during training, fails
+    with the workers' last words."""
+    obs, workers, ws = st.obs, spec.workers, st.s.workers
+    _worker_words(st, spec)
     enough = obs.workers_ready >= workers.min_replicas
-    st.cond("WorkersReady", enough, "WorkersReady" if enough else "WaitingForWorkers",
-            f"{obs.workers_ready}/{workers.max_replicas} workers ready "
-            f"(minimum {workers.min_replicas})")
+    problem = ws.problem
+    summary = (f"{obs.workers_ready}/{workers.max_replicas} workers ready (minimum "
+               f"{workers.min_replicas})")
+    st.cond("WorkersReady", enough,
+            "WorkersReady" if enough else (problem.reason if problem else "WaitingForWorkers"),
+            f"{summary}: {problem.message}" if problem else summary)
+    requeue: float | None = None
+    ws.short_since = None if enough else (ws.short_since or obs.now)
+    if ws.short_since is not None:
+        short_for = (obs.now - ws.short_since).total_seconds()
+        if short_for >= workers.ready_timeout_seconds:
+            st.finish(False, "WorkersUnavailable",
+                      f"fewer than spec.workers.minReplicas ({workers.min_replicas}) workers "
+                      f"were ready for {_duration(workers.ready_timeout_seconds)}: "
+                      f"{problem.message if problem else 'no worker became ready'}")
+            return st.done(_teardown(obs), requeue=1.0)
+        requeue = min(0.5, workers.ready_timeout_seconds - short_for)
+    actions: list[Act] = []
     # ECS tasks have no watch: look again soon. The controller doubles the wait while
     # nothing changes, so a short first look costs little however long the workers take.
     if not obs.workers_exist or obs.workers_desired < workers.max_replicas:
-        return st.wait([Act.ENSURE_WORKERS], requeue=0.5)
-    if not enough and obs.trainer is None:
-        return st.wait([], requeue=0.5)
-    return None
+        after = ws.next_placement_time
+        if after is None or obs.now >= after:
+            actions, requeue = [Act.ENSURE_WORKERS], 0.5
+        else:
+            wait = (after - obs.now).total_seconds()
+            requeue = wait if requeue is None else min(requeue, wait)
+    return _WorkerPlan(actions, requeue, enough)
+
+
+def _workers_then_trainer(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision:
+    """The workers' actions, then the trainer's: a trainer asked for (or still there) is
+    looked at whatever the workers do, so its outcome always ends the run."""
+    plan = _workers(st, spec)
+    if isinstance(plan, Decision):
+        return plan
+    launched = st.s.launched_attempt >= st.s.attempts or st.obs.trainers_exist
+    if not plan.enough and not launched:
+        problem = st.s.workers.problem
+        st.s.message = (f"waiting for workers: {st.obs.workers_ready}/"
+                        f"{spec.workers.max_replicas} ready (minimum "
+                        f"{spec.workers.min_replicas})"
+                        + (f": {problem.message}" if problem else ""))
+        return st.wait(plan.actions, requeue=plan.requeue)
+    trainer = _trainer(st, spec)
+    if trainer.status.phase.finished:
+        return trainer
+    requeues = [r for r in (plan.requeue, trainer.requeue_after) if r is not None]
+    return replace(trainer, actions=[*plan.actions, *trainer.actions],
+                   requeue_after=min(requeues) if requeues else None)
 
 
 def _trainer(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision:
@@ -449,17 +585,45 @@ def _trainer(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision:
         st.finish(True, "TrainingComplete", f"trained {st.s.progress.step} steps in "
                                             f"{attempt} attempt(s)")
         return st.done(_teardown(st.obs), requeue=0.2)
+    if trainer.state == TrainerState.RUNNING and (hung := _hang(st, spec)) is not None:
+        trainer = replace(trainer, state=TrainerState.FAILED, message=hung, hung=True)
     if trainer.state == TrainerState.FAILED:
         return _failed_attempt(st, spec, trainer)
     running = trainer.state == TrainerState.RUNNING
     st.cond("TrainerReady", running,
             "Unschedulable" if trainer.unschedulable else trainer.state.value, trainer.message)
-    if trainer.unschedulable:  # say so on the run, not only in its condition
-        st.s.message = f"waiting for the trainer (attempt {attempt}): {trainer.message}"
+    if not running:  # say what it waits for on the run, not only in its condition
+        st.s.message = f"waiting for the trainer (attempt {attempt}): " \
+                       f"{trainer.message or trainer.state.value.lower()}"
     if running:
         st.cond("Progressing", True, "Training", f"step {st.s.progress.display}")
-        st.phase(Phase.RUNNING, f"training: step {st.s.progress.display}")
+        message = f"training: step {st.s.progress.display}"
+        problem = st.s.workers.problem
+        if problem is not None and st.obs.workers_ready < spec.workers.max_replicas:
+            message += (f" (workers {st.obs.workers_ready}/{spec.workers.max_replicas}: "
+                        f"{problem.message})")
+        st.phase(Phase.RUNNING, message)
     return st.wait([])
+
+
+def _hang(st: _Draft, spec: MultiTurnRLRunSpec) -> str | None:
+    """Why a running trainer counts as hung (no step for progressTimeoutSeconds, counted from
+    the newest of its last step and its start), or None; the run is requeued for the moment
+    it would be."""
+    timeout = spec.lifecycle.progress_timeout_seconds
+    marks = [t for t in (st.s.progress.last_step_time, st.s.cost.running_since) if t]
+    if not timeout or not marks:
+        return None
+    since = max(marks)
+    left = timeout - (st.obs.now - since).total_seconds()
+    if left > 0:
+        st.deadline_in = left if st.deadline_in is None else min(st.deadline_in, left)
+        return None
+    step = st.s.progress.step
+    if st.s.progress.last_step_time == since and step:
+        return f"no step for {_duration(timeout)} since step {step}"
+    return f"no step for {_duration(timeout)} since the trainer started" + \
+        (f" (at step {step})" if step else "")
 
 
 def _current_attempt(st: _Draft, spec: MultiTurnRLRunSpec,
@@ -487,28 +651,45 @@ def _current_attempt(st: _Draft, spec: MultiTurnRLRunSpec,
 
 def _failed_attempt(st: _Draft, spec: MultiTurnRLRunSpec, trainer: TrainerObserved) -> Decision:
     """A new attempt while the operator owns retries and the backoff limit allows one; none
-    after a configuration error, which the next attempt would hit again."""
+    after a configuration error or episodes that kept failing, which the next attempt would
+    hit again. A trainer that was evicted or preempted resumes in a new attempt, counted as
+    no failure."""
     attempt, lifecycle = trainer.attempt, spec.lifecycle
-    if trainer.config_error:
-        st.finish(False, "TrainerConfigError", f"the trainer stopped in attempt {attempt} on a "
-                                               f"configuration error, not retried: {trainer.message}")
+    cleanup = [Act.DELETE_TRAINER] if st.obs.trainers_exist else []
+    if trainer.config_error or trainer.episodes_failed:
+        reason, what = (("TrainerConfigError", "a configuration error") if trainer.config_error
+                        else ("EpisodesFailed", "episodes that kept failing"))
+        st.finish(False, reason, f"the trainer stopped in attempt {attempt} on {what}, not "
+                                 f"retried: {trainer.message}")
         return st.done(_teardown(st.obs), requeue=0.2)
+    if trainer.disrupted:
+        st.s.attempts = attempt + 1
+        st.cond("TrainerReady", False, "Disrupted", trainer.disrupted)
+        st.events.append(Event("Warning", "TrainerDisrupted",
+                               f"attempt {attempt} was stopped from outside ({trainer.disrupted});"
+                               f" resuming in attempt {attempt + 1} from the latest checkpoint, "
+                               "not counted as a failure"))
+        return st.wait(cleanup, requeue=0.5)
+    reason = "TrainerHung" if trainer.hung else "TrainerFailed"
     owner = retry_owner(spec.trainer.launcher, st.obs.namespace)
     if owner != RetryOwner.OPERATOR:
-        st.finish(False, "TrainerFailed",
+        st.finish(False, reason,
                   f"the {spec.trainer.launcher.value} failed after the retries "
                   f"{_OWNER_TEXT[owner]} makes (trainer.autoResumeMaxRetries="
                   f"{spec.trainer.auto_resume_max_retries}); the operator does not retry "
                   f"on top of them: {trainer.message}")
         return st.done(_teardown(st.obs), requeue=0.2)
-    if attempt <= lifecycle.backoff_limit:
+    st.s.failed_attempts += 1
+    if st.s.failed_attempts <= lifecycle.backoff_limit:
         st.s.attempts = attempt + 1
-        st.cond("TrainerReady", False, "Retrying", trainer.message)
-        st.events.append(Event("Warning", "TrainerFailed",
-                               f"attempt {attempt} failed ({trainer.message}); starting "
-                               f"attempt {attempt + 1} from the latest checkpoint"))
-        return st.wait([Act.DELETE_TRAINER] if st.obs.trainers_exist else [], requeue=0.5)
+        st.cond("TrainerReady", False, "TrainerHung" if trainer.hung else "Retrying",
+                trainer.message)
+        st.events.append(Event("Warning", reason,
+                               f"attempt {attempt} {'hung' if trainer.hung else 'failed'} "
+                               f"({trainer.message}); starting attempt {attempt + 1} from the "
+                               "latest checkpoint"))
+        return st.wait(cleanup, requeue=0.5)
     st.finish(False, "BackoffLimitExceeded",
-              f"the trainer failed {attempt} time(s), more than backoffLimit "
+              f"the trainer failed {st.s.failed_attempts} time(s), more than backoffLimit "
               f"{lifecycle.backoff_limit}; last: {trainer.message}")
     return st.done(_teardown(st.obs), requeue=0.2)

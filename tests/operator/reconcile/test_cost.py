@@ -58,7 +58,8 @@ def test_the_budget_ends_the_run_when_spent_and_says_when_it_will_be() -> None:
 
 def test_decide_fails_a_run_over_budget_and_takes_the_gpus_first() -> None:
     capped = MultiTurnRLRunSpec.model_validate({**SPEC.model_dump(by_alias=True),
-                                                "lifecycle": {"maxCostUSD": 50.0}})
+                                                "lifecycle": {"maxCostUSD": 50.0,
+                                                                  "progressTimeoutSeconds": 0}})
     trainer = TrainerObserved(1, TrainerState.RUNNING)
     d = decide(ready(spec=capped, trainer=trainer, trainers_exist=True, price=PRICE))
     assert d.status.phase == Phase.RUNNING

@@ -232,7 +232,7 @@ def test_a_vanished_workload_without_success_is_a_failed_attempt_never_created_a
 
 def test_vanished_attempts_count_against_the_backoff_limit() -> None:
     last = started(launched_attempt=2, observed_attempt=2)
-    last.attempts = 2  # backoffLimit 1: the second failure is one too many
+    last.attempts, last.failed_attempts = 2, 1  # backoffLimit 1: a second failure is too many
     d = decide(ready(status=last))
     assert d.status.phase == Phase.FAILED
     assert next(c for c in d.status.conditions if c.type == "Failed").reason == \
