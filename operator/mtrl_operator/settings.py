@@ -77,6 +77,9 @@ class Settings:
         "orphan sweeper period; 0 turns it off"))
     resync_seconds: float = field(default=30.0, metadata=_doc(
         "how often a live run is looked at without any event (ECS has no watch)"))
+    cost_refresh_seconds: float = field(default=60.0, metadata=_doc(
+        "how often status.cost is brought up to date while the trainer runs and nothing else "
+        "in the status changes"))
     workers: int = field(default=8, metadata=_doc("runs reconciled at once"))
     metrics_port: int = field(default=8080, metadata=_doc(
         "Prometheus /metrics port; 0 turns it off"))

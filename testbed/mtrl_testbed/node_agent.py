@@ -17,7 +17,15 @@ demo run the real trainer and workers. What it does, and where it differs from a
 - Replaces in-cluster credentials with a kubeconfig holding a token for the pod's
   ServiceAccount (TokenRequest), so pods act with their own RBAC.
 - Passes the variables in `<work-dir>/../pod-env.json` (e.g. the moto endpoint) to every pod.
-- On deletion: SIGTERM, the grace period, SIGKILL, then removes the pod object.
+- A container that exits under restartPolicy Always (or OnFailure, failed) is restarted after
+  a back-off, reported as the kubelet does: `waiting: CrashLoopBackOff` during the back-off,
+  `lastState.terminated` with its exit code and termination message, `restartCount`. The
+  back-off is shorter than the kubelet's (10 s doubling to 5 minutes): a quarter-second
+  doubling to 10 s, so tests see a crash loop quickly.
+- On deletion: SIGTERM, the grace period, SIGKILL; then, as the kubelet does for a deleted
+  pod, its terminal phase and containers' exit codes (128 + signal for a killed process) are
+  reported, so the Job controller can judge it by its podFailurePolicy (a DisruptionTarget
+  condition the API server set on an evicted pod stays); then the pod object is removed.
 - Serves the kubelet's container-log endpoint (`container_logs`) on `--kubelet-port`, and
   registers that port and the InternalIP 127.0.0.1 in each Node's status, so `kubectl logs`
   reaches a container's `<pod folder>/<container>.log` through the API server.
@@ -130,6 +138,8 @@ class PodProcess:
     restarts: dict[str, int] = field(default_factory=dict)
     started: dict[str, str] = field(default_factory=dict)
     ready: dict[str, bool] = field(default_factory=dict)
+    waiting: dict[str, dict[str, str]] = field(default_factory=dict)  # in a restart back-off
+    last_terminated: dict[str, dict[str, Any]] = field(default_factory=dict)
     logs: dict[str, ContainerLog] = field(default_factory=dict)
     terminating: bool = False
     task: asyncio.Task[None] | None = None
@@ -216,7 +226,7 @@ class NodeAgent:
             if state and not state.terminating:
                 state.terminating = True
                 grace = pod.metadata.deletionGracePeriodSeconds or 0
-                state.reaper = asyncio.create_task(self._terminate_and_remove(state, grace))
+                state.reaper = asyncio.create_task(self._terminate_and_remove(state, grace, pod))
             elif not state:
                 await self._remove(pod.metadata.namespace, pod.metadata.name, uid)
             return
@@ -278,8 +288,17 @@ class NodeAgent:
                     if state.terminating:
                         exit_codes[c.name] = code
                     elif restart_policy == "Always" or (restart_policy == "OnFailure" and code):
-                        state.restarts[c.name] = state.restarts.get(c.name, 0) + 1
-                        await asyncio.sleep(min(10, 2 ** state.restarts[c.name] / 4))
+                        restarts = state.restarts[c.name] = state.restarts.get(c.name, 0) + 1
+                        back_off = min(10, 2 ** restarts / 4)
+                        state.last_terminated[c.name] = _terminated(state, c, code)
+                        if code:
+                            state.waiting[c.name] = {
+                                "reason": "CrashLoopBackOff",
+                                "message": f"back-off {back_off:g}s restarting failed "
+                                           f"container={c.name} pod={state.name}"}
+                        await self._report_running(state, pod)
+                        await asyncio.sleep(back_off)
+                        state.waiting.pop(c.name, None)
                         await self._run_container(state, pod, c, {
                             **mounts, **_termination_mount(state, c)}, env_base, wait=False)
                         await self._report_running(state, pod)
@@ -326,13 +345,21 @@ class NodeAgent:
             await asyncio.sleep(min((p.readinessProbe.periodSeconds or 10) for p in probed) / 5)
 
     async def _report_running(self, state: PodProcess, pod: Pod) -> None:
-        statuses = [{
-            "name": c.name, "image": c.image or "", "imageID": "",
-            "containerID": f"process://{state.procs[c.name].pid}",
-            "ready": state.ready.get(c.name, False), "started": True,
-            "restartCount": state.restarts.get(c.name, 0),
-            "state": {"running": {"startedAt": state.started[c.name]}},
-        } for c in pod.spec.containers if c.name in state.procs]
+        statuses = []
+        for c in pod.spec.containers:
+            if c.name not in state.procs:
+                continue
+            waiting = state.waiting.get(c.name)
+            status: dict[str, Any] = {
+                "name": c.name, "image": c.image or "", "imageID": "",
+                "containerID": f"process://{state.procs[c.name].pid}",
+                "ready": state.ready.get(c.name, False) and waiting is None,
+                "started": waiting is None, "restartCount": state.restarts.get(c.name, 0),
+                "state": {"waiting": waiting} if waiting else
+                {"running": {"startedAt": state.started[c.name]}}}
+            if c.name in state.last_terminated:
+                status["lastState"] = {"terminated": state.last_terminated[c.name]}
+            statuses.append(status)
         all_ready = all(s["ready"] for s in statuses)
         ready = "True" if all_ready else "False"
         await self._patch_status(state.namespace, state.name, {
@@ -345,15 +372,10 @@ class NodeAgent:
                       failed_init: str | None = None) -> None:
         ok = failed_init is None and all(code == 0 for code in exit_codes.values())
         containers = {c.name: c for c in [*(pod.spec.initContainers or []), *pod.spec.containers]}
-        statuses = []
-        for name, code in exit_codes.items():
-            terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                          "startedAt": state.started.get(name, _now()), "finishedAt": _now()}
-            if message := _termination_message(state, containers[name], code):
-                terminated["message"] = message
-            statuses.append({"name": name, "image": "", "imageID": "", "ready": False,
-                             "restartCount": state.restarts.get(name, 0),
-                             "state": {"terminated": terminated}})
+        statuses = [{"name": name, "image": "", "imageID": "", "ready": False,
+                     "restartCount": state.restarts.get(name, 0),
+                     "state": {"terminated": _terminated(state, containers[name], code)}}
+                    for name, code in exit_codes.items()]
         key = "initContainerStatuses" if failed_init else "containerStatuses"
         await self._patch_status(state.namespace, state.name, {
             "phase": "Succeeded" if ok else "Failed", key: statuses,
@@ -361,8 +383,14 @@ class NodeAgent:
                             "lastTransitionTime": _now()}]})
         log.info("pod %s/%s finished: %s", state.namespace, state.name, exit_codes)
 
-    async def _terminate_and_remove(self, state: PodProcess, grace: int) -> None:
+    async def _terminate_and_remove(self, state: PodProcess, grace: int, pod: Pod) -> None:
         await self._kill(state, grace)
+        main = {c.name for c in pod.spec.containers}
+        codes = {name: _exit_code(p.returncode) for name, p in state.procs.items()
+                 if name in main and p.returncode is not None}
+        if codes:  # a deleted pod's end is reported before it goes (kubelet: terminal phase)
+            with contextlib.suppress(ApiError):
+                await self._finish(state, pod, codes)
         await self._remove(state.namespace, state.name, state.uid)
         self.pods.pop(state.uid, None)
 
@@ -481,6 +509,21 @@ def _termination_mount(state: PodProcess, c: Any) -> dict[str, Path]:
     path = state.root / f"{c.name}.termination-log"
     path.write_bytes(b"")  # each start of the container begins with an empty message
     return {c.terminationMessagePath or "/dev/termination-log": path}
+
+
+def _exit_code(returncode: int) -> int:
+    """A process killed by signal N exits, as a container runtime reports it, 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _terminated(state: PodProcess, c: Any, code: int) -> dict[str, Any]:
+    """A container's `terminated` state, with its termination message."""
+    out: dict[str, Any] = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                           "startedAt": state.started.get(c.name, _now()),
+                           "finishedAt": _now()}
+    if message := _termination_message(state, c, code):
+        out["message"] = message
+    return out
 
 
 def _termination_message(state: PodProcess, c: Any, code: int) -> str:

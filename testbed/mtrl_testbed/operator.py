@@ -18,6 +18,7 @@ from mtrl_testbed.ports import free_port
 # (and exit) while it is merely slow.
 TEST_DEFAULTS = {
     "MTRL_RESYNC_SECONDS": "3",
+    "MTRL_COST_REFRESH_SECONDS": "3",
     "MTRL_SWEEP_INTERVAL_SECONDS": "3",
     "MTRL_LOG_FORMAT": "json",
     "MTRL_LEASE_DURATION_SECONDS": "8",

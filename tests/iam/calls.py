@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tests.iam.recording import Exchange
+from mtrl_testbed.aws_proxy import Exchange
 
 UNSCOPED = "*"  # the Resource of an action without resource-level permissions
 ECS_TASKS_SERVICE = "ecs-tasks.amazonaws.com"

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from mtrl_testbed.aws_proxy import Exchange
 from tests.iam.calls import UNSCOPED, Mapper, Permission
 from tests.iam.policy import UnsupportedGrammar, allows, denied
-from tests.iam.recording import Exchange
 
 QUEUE = "arn:aws:sqs:us-west-2:123456789012:mtrl-a-rollout"
 

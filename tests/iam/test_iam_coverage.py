@@ -20,6 +20,7 @@ import boto3
 import pytest
 
 from mtrl_operator.naming import RunNames, TriggerNames
+from mtrl_testbed.aws_proxy import Exchange, RecordingProxy
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.moto import REGION, MotoServer
 from mtrl_testbed.operator import OperatorProcess
@@ -32,7 +33,6 @@ from tests.iam.policy import (
     renderer,
     without_action,
 )
-from tests.iam.recording import Exchange, RecordingProxy
 from tests.operator.runs import apply, names_of, run_manifest, wait_clean, wait_for, wait_phase
 from tests.operator.triggers import events as trigger_events
 from tests.operator.triggers import (

@@ -205,13 +205,18 @@ async def test_an_election_that_cannot_work_ends_the_process_with_one_line() -> 
     """A Lease the ServiceAccount may not read is no passing trouble: the thread says so once
     (main exits 2 on it) instead of dying quietly or retrying for ever."""
     said: list[str] = []
+    told = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def fatal(line: str) -> None:  # on the election thread
+        said.append(line)
+        loop.call_soon_threadsafe(told.set)
+
     thread = ElectionThread(lambda: LeaderElector(ForbiddenLease(), "a", lease_duration=3,
                                                   renew_deadline=2, retry_period=0.1),
-                            lambda: said.append("lost"), said.append)
+                            lambda: said.append("lost"), fatal)
     acquiring = asyncio.ensure_future(thread.acquire())
-    deadline = time.monotonic() + 5
-    while not said and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await asyncio.wait_for(told.wait(), 5)
     acquiring.cancel()
     assert said == ["the operator may not get its Lease ns/lease (403 Forbidden)"]
     assert not thread.ready()

@@ -1,8 +1,9 @@
 """A fault-injecting reverse proxy on loopback, in front of the moto server.
 
-It extends the IAM tests' recording proxy: for a seeded fraction of requests it answers in
-place of AWS with what AWS answers under load (throttling, 5xx) or cuts the connection (before
-the request reaches moto, or after moto acted on it and before the answer comes back). Every
+It extends the test bed's recording proxy (`mtrl_testbed.aws_proxy`): for a seeded fraction
+of requests it answers in place of AWS with what AWS answers under load (throttling, 5xx) or
+cuts the connection (before the request reaches moto, or after moto acted on it and before the
+answer comes back). Every
 other request is forwarded unchanged. Error bodies follow the protocol the client spoke, read
 from the request's Content-Type, so botocore parses them as it would real AWS errors.
 """
@@ -18,7 +19,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tests.iam.recording import _Handler, _Server
+from mtrl_testbed.aws_proxy import ForwardingHandler, ForwardingServer, RecordingProxy
 
 # (status, error code, message) of the answers the proxy makes up.
 ERRORS: dict[str, tuple[int, str, str]] = {
@@ -103,7 +104,7 @@ def error_response(content_type: str, target: str, code: str,
     return headers, json.dumps(fields).encode()
 
 
-class FaultHandler(_Handler):
+class FaultHandler(ForwardingHandler):
     server: FaultServer
 
     def _forward(self) -> None:
@@ -145,31 +146,15 @@ class FaultHandler(_Handler):
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
-class FaultServer(_Server):
+class FaultServer(ForwardingServer):
     def __init__(self, upstream: str, plan: FaultPlan) -> None:
-        super().__init__(upstream)
-        self.RequestHandlerClass = FaultHandler
+        super().__init__(upstream, FaultHandler)
         self.plan = plan
 
 
-class FaultProxy:
+class FaultProxy(RecordingProxy):
     """`with FaultProxy(moto.endpoint, FaultPlan(0.25, seed=1)) as proxy:` ... `proxy.plan`."""
 
     def __init__(self, upstream: str, plan: FaultPlan) -> None:
+        super().__init__(upstream, FaultServer(upstream, plan))
         self.plan = plan
-        self._server = FaultServer(upstream, plan)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
-                                        name="fault-proxy")
-
-    @property
-    def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def __enter__(self) -> FaultProxy:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()

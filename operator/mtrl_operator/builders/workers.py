@@ -112,6 +112,9 @@ def deployment(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
                               "periodSeconds": 20, "failureThreshold": 3},
             "resources": {"requests": {"cpu": f"{millicores}m", "memory": f"{workers.memory}Mi"},
                           "limits": {"memory": f"{workers.memory}Mi"}},
+            # A worker that stops on an error says why in its last log lines: the kubelet
+            # keeps their tail as the termination message, which the run's status quotes.
+            "terminationMessagePolicy": "FallbackToLogsOnError",
             "securityContext": security.container_security_context(),
         }],
         "securityContext": security.pod_security_context(),

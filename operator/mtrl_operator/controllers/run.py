@@ -69,7 +69,6 @@ Key = tuple[str, str]  # (namespace, name)
 
 # How long our own status write outranks what the watch brings, if its echo never comes.
 EXPECTATION_S = 60.0
-COST_REFRESH_S = 60.0  # status.cost is brought up to date at least this often while it moves
 
 
 @dataclass(frozen=True)
@@ -446,11 +445,12 @@ class Controller:
         key = (meta["namespace"], meta["name"])
         shown = self._parse_status(body)
         # The cost meter's totals ride along with a write; alone they would write every time,
-        # so they are brought up to date on their own at most once a COST_REFRESH_S.
+        # so they are brought up to date on their own once every cost_refresh_seconds.
         written = self.cost_written.get(key)
         if steady(decision.status).wire() != steady(shown).wire() or refresh_due(
                 shown.cost, decision.status.cost,
-                None if written is None else time.monotonic() - written, COST_REFRESH_S):
+                None if written is None else time.monotonic() - written,
+                self.settings.cost_refresh_seconds):
             version = await self.kube.apply_status(key[0], key[1], new, CONDITION_TYPES)
             body["status"] = new  # the rest of this reconcile sees our own write
             # So does the cache, which the watch may have refreshed since this reconcile read

@@ -620,10 +620,8 @@ def _hang(st: _Draft, spec: MultiTurnRLRunSpec) -> str | None:
         st.deadline_in = left if st.deadline_in is None else min(st.deadline_in, left)
         return None
     step = st.s.progress.step
-    if st.s.progress.last_step_time == since and step:
-        return f"no step for {_duration(timeout)} since step {step}"
-    return f"no step for {_duration(timeout)} since the trainer started" + \
-        (f" (at step {step})" if step else "")
+    return f"no step for {_duration(timeout)} since " + \
+        (f"step {step}" if step else "the trainer started")
 
 
 def _current_attempt(st: _Draft, spec: MultiTurnRLRunSpec,

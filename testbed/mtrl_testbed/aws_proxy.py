@@ -1,9 +1,10 @@
 """A recording reverse proxy on loopback, in front of the moto server.
 
 A process pointed at it with AWS_ENDPOINT_URL makes the same HTTP calls it would make to AWS;
-the proxy forwards each one to moto unchanged and keeps request and response. Only that
-process's traffic is recorded, unlike moto's own recorder, which sees every client of the
-shared server (the test's own boto3 calls and other tests' operators included).
+the proxy forwards each one to moto and keeps request and response. Only that process's
+traffic is recorded, unlike moto's own recorder, which sees every client of the shared server
+(the test's own boto3 calls and other tests' operators included). The IAM tests read the
+recording; the fault proxies (`aws_faults`, the robustness tests') change what passes.
 """
 
 from __future__ import annotations
@@ -34,24 +35,15 @@ class Exchange:
     response: bytes
 
 
-class _Handler(BaseHTTPRequestHandler):
+class ForwardingHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as botocore expects
-    server: _Server
+    server: ForwardingServer
 
     def _forward(self) -> None:
         body = self._read_body()
         url = urlsplit(self.path)
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-        upstream = http.client.HTTPConnection(self.server.upstream_host, self.server.upstream_port,
-                                              timeout=_UPSTREAM_TIMEOUT_S)
-        try:
-            upstream.request(self.command, self.path, body=body, headers=headers)
-            reply = upstream.getresponse()
-            payload = reply.read()
-            reply_headers = [(k, v) for k, v in reply.getheaders() if k.lower() not in _HOP_BY_HOP]
-            status = reply.status
-        finally:
-            upstream.close()
+        status, reply_headers, payload = self.exchange(body, headers)
         self.server.record(Exchange(self.command, url.path, url.query,
                                     {k.lower(): v for k, v in self.headers.items()}, body,
                                     status, payload))
@@ -62,6 +54,25 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(payload)
+
+    def exchange(self, body: bytes, headers: dict[str, str]
+                 ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """The answer the client gets: moto's, unless a subclass says otherwise."""
+        return self.upstream(body, headers)
+
+    def upstream(self, body: bytes, headers: dict[str, str]
+                 ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """moto's answer to the request (status, headers, payload)."""
+        upstream = http.client.HTTPConnection(self.server.upstream_host, self.server.upstream_port,
+                                              timeout=_UPSTREAM_TIMEOUT_S)
+        try:
+            upstream.request(self.command, self.path, body=body, headers=headers)
+            reply = upstream.getresponse()
+            payload = reply.read()
+            reply_headers = [(k, v) for k, v in reply.getheaders() if k.lower() not in _HOP_BY_HOP]
+            return reply.status, reply_headers, payload
+        finally:
+            upstream.close()
 
     def _read_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -80,11 +91,12 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # botocore retries are in the recording; stderr noise helps no one
 
 
-class _Server(ThreadingHTTPServer):
+class ForwardingServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, upstream: str) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, upstream: str,
+                 handler: type[ForwardingHandler] = ForwardingHandler) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
         target = urlsplit(upstream)
         self.upstream_host = target.hostname or "127.0.0.1"
         self.upstream_port = target.port or 80
@@ -97,12 +109,13 @@ class _Server(ThreadingHTTPServer):
 
 
 class RecordingProxy:
-    """`with RecordingProxy(moto.endpoint) as proxy:` ... `proxy.exchanges`."""
+    """`with RecordingProxy(moto.endpoint) as proxy:` ... `proxy.exchanges`; a fault proxy
+    passes its own server."""
 
-    def __init__(self, upstream: str) -> None:
-        self._server = _Server(upstream)
+    def __init__(self, upstream: str, server: ForwardingServer | None = None) -> None:
+        self._server = server or ForwardingServer(upstream)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
-                                        name="recording-proxy")
+                                        name=f"{type(self).__name__}")
 
     @property
     def endpoint(self) -> str:
