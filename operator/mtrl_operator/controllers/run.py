@@ -2,7 +2,8 @@
 observation, `reconcile.run.decide` and the actions together.
 
 Runs arrive from kopf's watch; their children from `Children`'s watches; AWS state is read per
-reconcile. A reconcile never lists the cluster: it reads caches, so its cost per run stays flat.
+reconcile. A reconcile reads caches; it lists pods only for a trainer that failed or is pending,
+and for workers short of ready (their words), so its cost per healthy run stays flat.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 from the builders' manifests and request bodies, and taken down again.
 
 Each action works from what its reconcile just observed (the queues, the ECS tasks, the task
-definition) instead of looking again, and never lists: every name is known.
+definition) instead of looking again; every name is known.
 """
 
 from __future__ import annotations

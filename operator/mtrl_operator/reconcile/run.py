@@ -450,6 +450,8 @@ def _suspension(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision | None:
     obs = st.obs
     stopping = obs.trainers_exist and st.s.phase == Phase.SUSPENDING
     if not spec.lifecycle.suspend and not stopping:
+        if st.s.phase == Phase.SUSPENDING:  # resumed after the trainer went, seen or not
+            _forget_the_stopped_attempt(st)
         if st.s.phase in (Phase.PENDING, Phase.SUSPENDED, Phase.SUSPENDING):
             st.phase(Phase.PROVISIONING, "creating queues, workers and trainer")
         return None
@@ -457,10 +459,7 @@ def _suspension(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision | None:
     if obs.trainers_exist:
         st.phase(Phase.SUSPENDING, "suspending: stopping the trainer")
         return st.wait([Act.DELETE_TRAINER], requeue=1.0)
-    # The operator deleted the trainer itself: resuming creates the same attempt again.
-    st.s.launched_attempt = min(st.s.launched_attempt, st.s.attempts - 1)
-    st.s.observed_attempt = min(st.s.observed_attempt, st.s.attempts - 1)
-    st.s.workers = WorkersStatus()  # the workers' clocks and words start again on resume
+    _forget_the_stopped_attempt(st)
     if not spec.lifecycle.suspend:  # resumed while the trainer was being stopped
         st.phase(Phase.PROVISIONING, "resuming: creating workers and trainer")
         return None
@@ -472,6 +471,14 @@ def _suspension(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision | None:
     st.phase(Phase.SUSPENDED, "suspended; set spec.lifecycle.suspend=false to resume from the "
                               "latest checkpoint")
     return st.wait([])
+
+
+def _forget_the_stopped_attempt(st: _Draft) -> None:
+    """The operator deleted the trainer itself: resuming creates the same attempt again, and
+    the workers' clocks and words start again."""
+    st.s.launched_attempt = min(st.s.launched_attempt, st.s.attempts - 1)
+    st.s.observed_attempt = min(st.s.observed_attempt, st.s.attempts - 1)
+    st.s.workers = WorkersStatus()
 
 
 def _queues(st: _Draft) -> Decision | None:
@@ -488,6 +495,7 @@ class _WorkerPlan:
     actions: list[Act]
     requeue: float | None
     enough: bool  # minReplicas ready: the trainer may start
+    expired: str | None = None  # short of minReplicas for too long: why the run must fail
 
 
 def _worker_words(st: _Draft, spec: MultiTurnRLRunSpec) -> None:
@@ -514,7 +522,7 @@ def _worker_words(st: _Draft, spec: MultiTurnRLRunSpec) -> None:
         ws.problem, ws.placement_failures, ws.next_placement_time = None, 0, None
 
 
-def _workers(st: _Draft, spec: MultiTurnRLRunSpec) -> _WorkerPlan | Decision:
+def _workers(st: _Draft, spec: MultiTurnRLRunSpec) -> _WorkerPlan:
     """Workers before the GPUs: the trainer starts once `minReplicas` are ready, and the rest
     are asked for again (with backoff after a shortfall) without holding the trainer back. A
     run short of `minReplicas` for `readyTimeoutSeconds`, before or during training, fails
@@ -533,11 +541,10 @@ def _workers(st: _Draft, spec: MultiTurnRLRunSpec) -> _WorkerPlan | Decision:
     if ws.short_since is not None:
         short_for = (obs.now - ws.short_since).total_seconds()
         if short_for >= workers.ready_timeout_seconds:
-            st.finish(False, "WorkersUnavailable",
-                      f"fewer than spec.workers.minReplicas ({workers.min_replicas}) workers "
-                      f"were ready for {_duration(workers.ready_timeout_seconds)}: "
-                      f"{problem.message if problem else 'no worker became ready'}")
-            return st.done(_teardown(obs), requeue=1.0)
+            return _WorkerPlan([], None, False, (
+                f"fewer than spec.workers.minReplicas ({workers.min_replicas}) workers were "
+                f"ready for {_duration(workers.ready_timeout_seconds)}: "
+                f"{problem.message if problem else 'no worker became ready'}"))
         requeue = min(0.5, workers.ready_timeout_seconds - short_for)
     actions: list[Act] = []
     # ECS tasks have no watch: look again soon. The controller doubles the wait while
@@ -556,8 +563,9 @@ def _workers_then_trainer(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision:
     """The workers' actions, then the trainer's: a trainer asked for (or still there) is
     looked at whatever the workers do, so its outcome always ends the run."""
     plan = _workers(st, spec)
-    if isinstance(plan, Decision):
-        return plan
+    if plan.expired and not _trainer_succeeded(st):  # a trainer that finished ends the run
+        st.finish(False, "WorkersUnavailable", plan.expired)
+        return st.done(_teardown(st.obs), requeue=1.0)
     launched = st.s.launched_attempt >= st.s.attempts or st.obs.trainers_exist
     if not plan.enough and not launched:
         problem = st.s.workers.problem
@@ -572,6 +580,14 @@ def _workers_then_trainer(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision:
     requeues = [r for r in (plan.requeue, trainer.requeue_after) if r is not None]
     return replace(trainer, actions=[*plan.actions, *trainer.actions],
                    requeue_after=min(requeues) if requeues else None)
+
+
+def _trainer_succeeded(st: _Draft) -> bool:
+    """The current attempt's trainer finished training, by its workload or its report."""
+    trainer = st.obs.trainer
+    return st.obs.trainer_outcome == SUCCEEDED_OUTCOME or (
+        trainer is not None and trainer.attempt == st.s.attempts
+        and trainer.state == TrainerState.SUCCEEDED)
 
 
 def _trainer(st: _Draft, spec: MultiTurnRLRunSpec) -> Decision:

@@ -204,3 +204,42 @@ def test_a_relist_wakes_only_the_runs_whose_children_changed() -> None:
     changed["metadata"]["resourceVersion"] = "2"
     controller.children.on_listed("Job", "ns", [jobs[0], changed])
     assert queue.added == [("ns", "u-b")]
+
+
+class _World:
+    """Runs and their tagged resources, where a run is created between any two reads."""
+
+    def __init__(self) -> None:
+        self.runs = {"u-old"}
+        self.tagged_resources = {"u-old": ["arn:old"], "u-gone": ["arn:gone"]}
+        self.deleted: list[str] = []
+        self.reads = 0
+
+    def _between_reads(self) -> None:
+        self.reads += 1
+        if self.reads == 1:  # a run created, and its first queue, after the first read
+            self.runs.add("u-new")
+            self.tagged_resources["u-new"] = ["arn:new"]
+
+    async def uids(self, kind: str, scopes: list[str]) -> set[str]:
+        known = set(self.runs)
+        self._between_reads()
+        return known
+
+    async def tagged(self, operator_id: str) -> dict[str, list[str]]:
+        found = {uid: list(arns) for uid, arns in self.tagged_resources.items()}
+        self._between_reads()
+        return found
+
+    async def delete_by_arn(self, arn: str, cluster: str) -> bool:
+        self.deleted.append(arn)
+        return True
+
+
+async def test_the_sweeper_never_deletes_a_run_made_between_its_two_reads() -> None:
+    """Tags first, runs second: a run made in between is in the second read, and its fresh
+    resources were not in the first. (Runs first swept the new run's queue.)"""
+    world = _World()
+    controller = Controller(Settings(), kube=world, aws=world)  # type: ignore[arg-type]
+    assert await controller.sweep_once() == 1
+    assert world.deleted == ["arn:gone"]

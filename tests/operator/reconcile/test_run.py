@@ -364,3 +364,136 @@ def test_the_latest_evaluation_and_checkpoint_stay_in_status_between_reports() -
         step=10, total_steps=20, validation_success_rate=0.5))).status
     assert [(p.step, p.success_rate) for p in status.progress.validation_history] == \
         [(5, 0.0), (10, 0.5)]
+
+
+# --------------------------------------------------------------------------- half-failures
+
+
+def _cond(status: MultiTurnRLRunStatus, type_: str):  # type: ignore[no-untyped-def]
+    return next(c for c in status.conditions if c.type == type_)
+
+
+def test_the_trainer_starts_at_min_replicas_and_the_rest_are_still_asked_for() -> None:
+    """Two of four ECS tasks placed (minReplicas 2): the trainer starts, and EnsureWorkers
+    goes on asking for the other two, without holding the trainer back."""
+    d = decide(ready(workers_desired=2, workers_ready=2))
+    assert d.actions == [Act.ENSURE_WORKERS, Act.ENSURE_TRAINER] and d.attempt == 1
+    assert _cond(d.status, "WorkersReady").status == "True"
+
+
+def test_a_finished_trainer_ends_the_run_whatever_the_workers_do() -> None:
+    """Workers missing and past their ready timeout: the trainer's success still decides (it
+    used to be that EnsureWorkers came first, for ever)."""
+    short = started(launched_attempt=1)
+    short.workers.short_since = NOW - dt.timedelta(hours=1)
+    d = decide(ready(status=short, workers_desired=1, workers_ready=0, trainers_exist=True,
+                     trainer=TrainerObserved(1, TrainerState.SUCCEEDED, "done")))
+    assert d.status.phase == Phase.SUCCEEDED and d.actions == [Act.DELETE_TRAINER]
+
+
+def test_a_shortfall_is_named_once_and_backed_off() -> None:
+    from mtrl_operator.reconcile.workers import Placement
+
+    capacity = "Capacity is unavailable at this time"
+    short = Placement(asked=4, started=1, failures=(capacity,) * 3)
+    d = decide(replace(ready(workers_desired=0, workers_ready=0), placement=short))
+    ws = d.status.workers
+    assert ws.problem is not None and ws.problem.reason == "CapacityUnavailable"
+    assert ws.problem.message == f"ECS RunTask could not start every task: {capacity}"
+    assert [e.reason for e in d.events].count("CapacityUnavailable") == 1
+    assert ws.placement_failures == 1 and ws.next_placement_time == NOW + dt.timedelta(seconds=10)
+    assert d.status.message == (f"waiting for workers: 0/4 ready (minimum 2): ECS RunTask could "
+                                f"not start every task: {capacity}")
+    # During the backoff: no RunTask, no second Event; requeued for its end.
+    later = replace(ready(workers_desired=1, workers_ready=1), status=d.status,
+                    now=NOW + dt.timedelta(seconds=4))
+    d2 = decide(later)
+    assert Act.ENSURE_WORKERS not in d2.actions and not d2.events
+    assert d2.requeue_after is not None and d2.requeue_after <= 6
+    # After it: asked again; a second shortfall doubles the wait.
+    d3 = decide(replace(later, status=d2.status, now=NOW + dt.timedelta(seconds=11)))
+    assert Act.ENSURE_WORKERS in d3.actions
+    d4 = decide(replace(later, status=d2.status, now=NOW + dt.timedelta(seconds=11),
+                        placement=short))
+    assert d4.status.workers.next_placement_time == NOW + dt.timedelta(seconds=31)
+    # Everything ready: the words are over.
+    d5 = decide(replace(later, status=d4.status, workers_desired=4, workers_ready=4))
+    assert d5.status.workers.problem is None and d5.status.workers.placement_failures == 0
+
+
+def test_workers_short_of_min_replicas_for_the_ready_timeout_fail_the_run() -> None:
+    from mtrl_operator.reconcile.workers import WorkerProblem
+
+    crash = WorkerProblem("CrashLoopBackOff", "a worker container keeps exiting "
+                                              "(CrashLoopBackOff): exit code 2: bad config")
+    first = decide(ready(workers_desired=4, workers_ready=0, worker_problem=crash))
+    assert first.status.workers.short_since == NOW and Act.ENSURE_TRAINER not in first.actions
+    assert _cond(first.status, "WorkersReady").reason == "CrashLoopBackOff"
+    d = decide(replace(ready(workers_desired=4, workers_ready=0), status=first.status,
+                       now=NOW + dt.timedelta(seconds=600)))
+    assert d.status.phase == Phase.FAILED and _cond(d.status, "Failed").reason == \
+        "WorkersUnavailable"
+    assert d.status.message == ("fewer than spec.workers.minReplicas (2) workers were ready for "
+                                f"10m: {crash.words}")
+    assert d.actions == [Act.DELETE_WORKERS]
+
+
+def test_suspending_lasts_until_the_trainer_is_gone_and_resuming_counts_no_failure() -> None:
+    running = ready(trainers_exist=True, trainer=TrainerObserved(1, TrainerState.RUNNING),
+                    status=started(launched_attempt=1, observed_attempt=1))
+    spec = SPEC.model_copy(deep=True)
+    spec.lifecycle.suspend = True
+    d = decide(replace(running, spec=spec))
+    assert d.status.phase == Phase.SUSPENDING and d.actions == [Act.DELETE_TRAINER]
+    # Resumed while the trainer is still going: still Suspending, still deleting it.
+    d = decide(replace(running, status=d.status))
+    assert d.status.phase == Phase.SUSPENDING and d.actions == [Act.DELETE_TRAINER]
+    # Gone: the same attempt is created again, and nothing counts as failed.
+    d = decide(replace(running, status=d.status, trainers_exist=False, trainer=None))
+    assert d.status.phase == Phase.PROVISIONING and Act.ENSURE_TRAINER in d.actions
+    assert d.attempt == 1 and d.status.failed_attempts == 0
+    assert "TrainerFailed" not in [e.reason for e in d.events]
+
+
+def test_a_trainer_without_a_step_for_the_progress_timeout_is_a_hung_attempt() -> None:
+    since = NOW - dt.timedelta(seconds=1800)
+    status = started(launched_attempt=1, observed_attempt=1,
+                     progress=Progress(step=42, last_step_time=since))
+    status.cost.running_since = since - dt.timedelta(seconds=600)
+    d = decide(ready(status=status, trainers_exist=True,
+                     trainer=TrainerObserved(1, TrainerState.RUNNING)))
+    assert d.status.attempts == 2 and d.status.failed_attempts == 1
+    assert d.actions == [Act.DELETE_TRAINER]
+    assert [e.message for e in d.events if e.reason == "TrainerHung"] == [
+        "attempt 1 hung (no step for 30m since step 42); starting attempt 2 from the latest "
+        "checkpoint"]
+    # Not yet hung: requeued for the moment it would be.
+    fresh = replace(ready(status=status, trainers_exist=True,
+                          trainer=TrainerObserved(1, TrainerState.RUNNING)),
+                    now=NOW - dt.timedelta(seconds=60))
+    d = decide(fresh)
+    assert d.status.phase == Phase.RUNNING and d.requeue_after == 60
+
+
+def test_an_evicted_trainer_resumes_in_a_new_attempt_without_spending_the_backoff_limit() -> None:
+    evicted = TrainerObserved(1, TrainerState.FAILED, disrupted="EvictionByEvictionAPI: drain")
+    d = decide(ready(status=started(launched_attempt=1, observed_attempt=1),
+                     trainers_exist=True, trainer=evicted))
+    assert d.status.attempts == 2 and d.status.failed_attempts == 0
+    assert d.status.phase != Phase.FAILED
+    assert [e.reason for e in d.events] == ["TrainerDisrupted"]
+
+
+def test_episodes_that_keep_failing_are_named_and_end_the_run_unretried() -> None:
+    error = "ValueError: a target task sets exactly one of target_token_id and target"
+    report = Progress(step=3, failed_episode_fraction=1.0, episode_error=error)
+    d = decide(ready(progress=report, trainers_exist=True,
+                     trainer=TrainerObserved(1, TrainerState.RUNNING)))
+    failing = _cond(d.status, "EpisodesFailing")
+    assert failing.status == "True" and failing.message.endswith(error)
+    assert [e.reason for e in d.events].count("EpisodesFailing") == 1
+    stopped = TrainerObserved(1, TrainerState.FAILED, f"episodes failed: ...; {error}",
+                              episodes_failed=True)
+    d = decide(ready(status=d.status, trainers_exist=True, trainer=stopped))
+    assert d.status.phase == Phase.FAILED and _cond(d.status, "Failed").reason == "EpisodesFailed"
+    assert d.status.attempts == 1

@@ -1,0 +1,430 @@
+"""A stateful model check of the run's lifecycle: Hypothesis drives `decide` and a simulated
+world through random interleavings of what users, trainers, workers, AWS and the operator
+itself do, and checks the lifecycle's promises after every step.
+
+The world is the simplest faithful one: ECS places tasks while Fargate has capacity and
+answers a shortfall the way RunTask does; tasks stop on their own; trainer workloads go
+Pending, Running, Succeeded or Failed, vanish (a HyperPodPyTorchJob's TTL), are evicted, or
+hang (no step while time passes); AWS calls fail after the status was written (the controller
+writes status before it acts); the operator restarts, and rebuilds everything from the stored
+status and what it observes, as the real one does.
+
+Invariants (each names the promise it keeps):
+- no trainer before minReplicas workers are ready;
+- teardown in cost order: the trainer, then the workers, then the queues, then the finalizer;
+- nothing is ensured while the run is deleting, finished or suspended;
+- a trainer that finished ends the run (Succeeded, unless the run was deleted first);
+- Succeeded only for work done: the trainer finished;
+- attempts that failed count only trainer failures: suspending, resuming and evictions never
+  spend the backoff limit, and a suspension never fails a run;
+- each phase transition is announced once (one Event per change), each worker problem once;
+- a deleted run releases its finalizer with nothing left; a finished or suspended one holds
+  no compute once it settles;
+- a live run always says what it is doing (its message is never blank once started).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from dataclasses import dataclass, replace
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from mtrl_api.run import MultiTurnRLRunSpec, MultiTurnRLRunStatus, Phase, Progress
+from mtrl_operator.reconcile.run import (
+    Act,
+    Decision,
+    Observed,
+    TrainerObserved,
+    TrainerState,
+    decide,
+)
+from mtrl_operator.reconcile.workers import EcsTask, Placement
+
+T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+PHASES = {p.value for p in Phase}
+# Reasons a run may fail for, given what was injected.
+FAILURE_REASONS = {"BackoffLimitExceeded", "TrainerFailed", "TrainerHung", "WorkersUnavailable"}
+# Model runs: CI runs the default; MTRL_MODEL_EXAMPLES=2000 is the longer local run.
+EXAMPLES = int(os.environ.get("MTRL_MODEL_EXAMPLES", "400"))
+REACTIONS = st.integers(0, 3)  # reconciles after an event
+
+
+@dataclass
+class Task:
+    arn: str
+    ready: bool = False
+    stopped: bool = False
+    by_operator: bool = False
+
+
+@dataclass
+class Workload:
+    attempt: int
+    state: TrainerState = TrainerState.PENDING
+    disrupted: bool = False
+    deleting: bool = False  # asked to go; its pods take their grace period
+
+
+def _spec(launcher: str, minimum: int, maximum: int, backoff: int, suspend: bool) -> MultiTurnRLRunSpec:
+    return MultiTurnRLRunSpec.model_validate({
+        "model": {"name": "m"}, "rollout": {"environment": "target"},
+        "dataset": {"inline": {"train": [{"target": "a"}]}},
+        "output": {"s3Uri": "s3://bucket/out"},
+        "trainer": {"launcher": launcher},
+        "workers": {"minReplicas": minimum, "maxReplicas": maximum,
+                    "readyTimeoutSeconds": 600},
+        "lifecycle": {"backoffLimit": backoff, "suspend": suspend,
+                      "progressTimeoutSeconds": 1800},
+    })
+
+
+class Lifecycle(RuleBasedStateMachine):
+    """One run, its world, and the operator reconciling it."""
+
+    @initialize(launcher=st.sampled_from(["Job", "HyperPodPyTorchJob"]),
+                minimum=st.integers(0, 2), extra=st.integers(0, 2),
+                backoff=st.integers(0, 2), capacity=st.one_of(st.none(), st.integers(0, 4)))
+    def create(self, launcher: str, minimum: int, extra: int, backoff: int,
+               capacity: int | None) -> None:
+        self.spec = _spec(launcher, minimum, max(minimum, 1) + extra, backoff, False)
+        self.status = MultiTurnRLRunStatus()
+        self.now = T0
+        self.deleting = False
+        self.released = False
+        self.queues = False
+        self.definition = False
+        self.tasks: list[Task] = []
+        self.capacity = capacity  # tasks Fargate can still place (None: no limit)
+        self.workloads: dict[int, Workload] = {}
+        self.step = 0
+        self.reported_attempt: int | None = None
+        self.outcome: str | None = None
+        self.failures_injected = 0  # trainer failures the world produced (hangs included)
+        self.hung: set[int] = set()  # attempts that hung
+        self.trainer_finished = False
+        self.next_arn = 0
+        self.last: Decision | None = None
+        self.last_failed_attempts = 0
+
+    # ------------------------------------------------------------------ observing
+
+    def observe(self, placement: Placement | None = None) -> Observed:
+        current = self.workloads.get(self.status.attempts)
+        trainer = None
+        if current is not None:
+            trainer = TrainerObserved(current.attempt, current.state,
+                                      disrupted="Evicted" if current.disrupted else "")
+        live = [t for t in self.tasks if not t.stopped]
+        return Observed(
+            now=self.now, generation=1, deleting=self.deleting, spec=self.spec,
+            spec_error=None, status=self.status, queues_ready=self.queues,
+            queues_exist=self.queues, workers_exist=bool(live) or self.definition,
+            workers_desired=len(live), workers_ready=sum(t.ready for t in live),
+            trainer=trainer, trainers_exist=bool(self.workloads),
+            trainer_workloads=tuple(("Job", f"t{a}") for a in self.workloads),
+            progress=Progress(step=self.step) if self.reported_attempt else None,
+            namespace="team-a", name="run", uid="uid",
+            reported_attempt=self.reported_attempt, trainer_outcome=self.outcome,
+            workers_stopped=sum(t.stopped and not t.by_operator for t in self.tasks),
+            placement=placement,
+            ecs_tasks=tuple(EcsTask(t.arn, "STOPPED" if t.stopped else "RUNNING",
+                                    "STOPPED" if t.stopped else "RUNNING") for t in self.tasks))
+
+    # ------------------------------------------------------------------ the operator
+
+    @precondition(lambda self: not self.released)
+    @rule(actions_fail=st.booleans())
+    def reconcile(self, actions_fail: bool) -> None:
+        """One reconcile: decide, write status, act (unless AWS fails the actions), and, when
+        RunTask was called, decide again knowing its answer (as the controller does)."""
+        self._count_a_hang()
+        obs = self.observe()
+        d = decide(obs)
+        self._check(obs, d)
+        self.status = d.status
+        if actions_fail:
+            return
+        placement = self._act(d)
+        if placement is not None:
+            d2 = decide(replace(obs, placement=placement))
+            self._check(obs, d2)
+            self.status = d2.status
+
+    def _count_a_hang(self) -> None:
+        """A running trainer with no step for progressTimeoutSeconds (from the newest of its
+        last step and its start, as the status records them) is a failure, once."""
+        current = self._current()
+        marks = [t for t in (self.status.progress.last_step_time, self.status.cost.running_since)
+                 if t]
+        if current and current.state == TrainerState.RUNNING and marks and \
+                current.attempt not in self.hung and \
+                (self.now - max(marks)).total_seconds() >= \
+                self.spec.lifecycle.progress_timeout_seconds:
+            self.hung.add(current.attempt)
+            self.failures_injected += 1
+
+    def _act(self, d: Decision) -> Placement | None:
+        placement = None
+        for act in d.actions:
+            if act == Act.ENSURE_QUEUES:
+                self.queues = True
+            elif act == Act.ENSURE_WORKERS:
+                self.definition = True
+                missing = self.spec.workers.max_replicas - sum(not t.stopped for t in self.tasks)
+                placed = missing if self.capacity is None else min(missing, self.capacity)
+                if self.capacity is not None:
+                    self.capacity -= placed
+                for _ in range(placed):
+                    self.next_arn += 1
+                    self.tasks.append(Task(f"arn:task/{self.next_arn}"))
+                placement = Placement(missing, placed, ("Capacity is unavailable",) *
+                                      (missing - placed))
+            elif act == Act.ENSURE_TRAINER:
+                assert d.attempt not in self.workloads, "a workload of this attempt exists"
+                self.workloads[d.attempt] = Workload(d.attempt)
+            elif act == Act.DELETE_TRAINER:
+                for workload in self.workloads.values():
+                    workload.deleting = True
+            elif act == Act.DELETE_WORKERS:
+                for t in self.tasks:
+                    if not t.stopped:
+                        t.stopped = t.by_operator = True
+                self.definition = False
+            elif act == Act.DELETE_QUEUES:
+                self.queues = False
+            elif act in (Act.REMOVE_FINALIZER, Act.DELETE_RUN):
+                assert not (self.workloads or self.queues or any(not t.stopped
+                                                                 for t in self.tasks)), \
+                    "released with something left"
+                self.released = True
+        return placement
+
+    def _check(self, obs: Observed, d: Decision) -> None:
+        acts, before, after = set(d.actions), obs.status, d.status
+        ensure = {Act.ENSURE_QUEUES, Act.ENSURE_WORKERS, Act.ENSURE_TRAINER}
+        # No trainer before minReplicas workers.
+        if Act.ENSURE_TRAINER in acts:
+            assert obs.workers_ready >= self.spec.workers.min_replicas, "trainer before workers"
+            assert not obs.trainers_exist, "one attempt at a time"
+        # Teardown in cost order.
+        if Act.DELETE_WORKERS in acts:
+            assert not obs.trainers_exist, "workers deleted before the trainer"
+        if Act.DELETE_QUEUES in acts:
+            assert not obs.trainers_exist and not obs.workers_exist, "queues too early"
+        if Act.REMOVE_FINALIZER in acts:
+            assert obs.deleting and not (obs.trainers_exist or obs.workers_exist or
+                                         obs.queues_exist)
+        # Nothing ensured while deleting, finished or suspended.
+        if obs.deleting or after.phase.finished or self.spec.lifecycle.suspend:
+            assert not acts & ensure, (after.phase, d.actions)
+        # A trainer that finished ends the run.
+        if self.trainer_finished and not obs.deleting and not before.phase.finished \
+                and not self.spec.lifecycle.suspend and before.phase != Phase.SUSPENDING \
+                and obs.trainer is not None and obs.trainer.state == TrainerState.SUCCEEDED:
+            assert after.phase == Phase.SUCCEEDED, (after.phase, after.message)
+        # Succeeded only for work done.
+        if after.phase == Phase.SUCCEEDED:
+            assert self.trainer_finished, "Succeeded without a finished trainer"
+        if after.phase == Phase.FAILED and not before.phase.finished:
+            reason = next(c.reason for c in after.conditions if c.type == "Failed")
+            assert reason in FAILURE_REASONS, reason
+            if reason != "WorkersUnavailable":
+                assert self.failures_injected, f"{reason} without a trainer failure"
+        # Only failures count.
+        assert after.failed_attempts <= self.failures_injected, (after.failed_attempts,
+                                                                 self.failures_injected)
+        # Each phase transition announced once, each worker problem once.
+        for event in d.events:
+            if event.reason in PHASES:
+                assert before.phase.value != event.reason, f"{event.reason} announced again"
+        problems = [e for e in d.events if e.reason in ("CapacityUnavailable", "TaskStopped")]
+        assert len(problems) <= 1
+        if problems:
+            assert before.workers.problem is None or \
+                before.workers.problem.message != problems[0].message
+        # A live run says what it does.
+        if after.start_time is not None and not obs.deleting:
+            assert after.message, (after.phase, d.actions)
+
+    def _react(self, reconciles: int) -> None:
+        """The operator reacts to an event (a watch, a resync) with some reconciles, some of
+        whose actions AWS refuses."""
+        for i in range(reconciles):
+            if not self.released:
+                self.reconcile(actions_fail=i == 1 and self.next_arn % 3 == 0)
+
+    @precondition(lambda self: not self.released)
+    @rule()
+    def operator_restarts(self) -> None:
+        """Nothing in memory survives: the next reconcile rebuilds from status and world
+        alone (the model keeps nothing else, so a restart is this plus a reconcile)."""
+        self.reconcile(actions_fail=False)
+
+    # ------------------------------------------------------------------ users
+
+    @precondition(lambda self: not self.deleting)
+    @rule(then=REACTIONS)
+    def suspend(self, then: int) -> None:
+        self.spec = self.spec.model_copy(update={"lifecycle": self.spec.lifecycle.model_copy(
+            update={"suspend": True})})
+        self._react(then)
+
+    @precondition(lambda self: self.spec.lifecycle.suspend)
+    @rule(then=REACTIONS)
+    def resume(self, then: int) -> None:
+        self.spec = self.spec.model_copy(update={"lifecycle": self.spec.lifecycle.model_copy(
+            update={"suspend": False})})
+        self._react(then)
+
+    @rule(chance=st.integers(0, 3), then=REACTIONS)
+    def delete(self, chance: int, then: int) -> None:
+        """Rarer than the rest, so that runs live long enough to go wrong in many ways."""
+        self.deleting = self.deleting or chance == 0
+        self._react(then)
+
+    @precondition(lambda self: not self.deleting)
+    @rule(maximum=st.integers(1, 4), then=REACTIONS)
+    def edit_max_replicas(self, maximum: int, then: int) -> None:
+        workers = self.spec.workers.model_copy(update={
+            "max_replicas": max(maximum, self.spec.workers.min_replicas)})
+        self.spec = self.spec.model_copy(update={"workers": workers})
+        self._react(then)
+
+    # ------------------------------------------------------------------ trainers
+
+    def _current(self) -> Workload | None:
+        return self.workloads.get(self.status.attempts)
+
+    @precondition(lambda self: any(w.deleting for w in self.workloads.values()))
+    @rule(then=REACTIONS)
+    def deletions_finish(self, then: int) -> None:
+        """A deleted workload's pods finish their grace period, and it is gone."""
+        self.workloads = {a: w for a, w in self.workloads.items() if not w.deleting}
+        self._react(then)
+
+    @precondition(lambda self: (w := self._current()) and w.state == TrainerState.PENDING)
+    @rule(then=REACTIONS)
+    def trainer_runs(self, then: int) -> None:
+        self.workloads[self.status.attempts].state = TrainerState.RUNNING
+        self._react(then)
+
+    @precondition(lambda self: (w := self._current()) and w.state == TrainerState.RUNNING)
+    @rule(then=REACTIONS)
+    def trainer_reports_a_step(self, then: int) -> None:
+        self.step += 1
+        self.reported_attempt = self.status.attempts
+        self._react(then)
+
+    @precondition(lambda self: (w := self._current()) and w.state == TrainerState.RUNNING)
+    @rule(then=REACTIONS)
+    def trainer_succeeds(self, then: int) -> None:
+        self.workloads[self.status.attempts].state = TrainerState.SUCCEEDED
+        self.outcome, self.trainer_finished = "Succeeded", True
+        self._react(then)
+
+    @precondition(lambda self: (w := self._current()) and w.state in (TrainerState.PENDING,
+                                                                     TrainerState.RUNNING))
+    @rule(then=REACTIONS)
+    def trainer_fails(self, then: int) -> None:
+        self.workloads[self.status.attempts].state = TrainerState.FAILED
+        self.failures_injected += 1
+        self._react(then)
+
+    @precondition(lambda self: (w := self._current()) and w.state == TrainerState.RUNNING)
+    @rule(then=REACTIONS)
+    def trainer_is_evicted(self, then: int) -> None:
+        workload = self.workloads[self.status.attempts]
+        workload.state, workload.disrupted = TrainerState.FAILED, True
+        self._react(then)
+
+    @precondition(lambda self: self._current() is not None and not self.trainer_finished)
+    @rule(then=REACTIONS)
+    def trainer_vanishes(self, then: int) -> None:
+        """Deleted from outside before its outcome was seen: counted as a failed attempt."""
+        del self.workloads[self.status.attempts]
+        self.failures_injected += 1
+        self._react(then)
+
+    @rule(seconds=st.sampled_from([1, 30, 700, 2000]), then=REACTIONS)
+    def time_passes(self, seconds: int, then: int) -> None:
+        """Long enough, a running trainer without a step is hung."""
+        self.now += dt.timedelta(seconds=seconds)
+        self._react(then)
+
+    # ------------------------------------------------------------------ workers
+
+    @precondition(lambda self: any(not t.stopped and not t.ready for t in self.tasks))
+    @rule(then=REACTIONS)
+    def tasks_become_ready(self, then: int) -> None:
+        for t in self.tasks:
+            t.ready = not t.stopped
+        self._react(then)
+
+    @precondition(lambda self: any(not t.stopped for t in self.tasks))
+    @rule(index=st.integers(0, 3), then=REACTIONS)
+    def a_task_stops(self, index: int, then: int) -> None:
+        live = [t for t in self.tasks if not t.stopped]
+        live[index % len(live)].stopped = True
+        self._react(then)
+
+    @rule(capacity=st.one_of(st.none(), st.integers(0, 3)), then=REACTIONS)
+    def capacity_changes(self, capacity: int | None, then: int) -> None:
+        self.capacity = capacity
+        self._react(then)
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def released_means_nothing_left(self) -> None:
+        if getattr(self, "released", False):
+            assert not self.workloads and not self.queues
+            assert all(t.stopped for t in self.tasks)
+
+    @invariant()
+    def suspension_never_fails_a_run_nor_spends_attempts(self) -> None:
+        if not hasattr(self, "status"):
+            return
+        if self.failures_injected == 0:
+            assert self.status.failed_attempts == 0
+            if self.status.phase == Phase.FAILED:
+                reason = next(c.reason for c in self.status.conditions if c.type == "Failed")
+                assert reason == "WorkersUnavailable", reason
+
+    def teardown(self) -> None:
+        """Left alone (no more events, time moving on), the run settles: deleted runs are
+        released with nothing left; finished or suspended ones hold no compute; a live one
+        waits for something it names."""
+        if not hasattr(self, "status") or self.released:
+            return
+        for _ in range(40):
+            if self.released:
+                break
+            self.reconcile(actions_fail=False)
+            self.workloads = {a: w for a, w in self.workloads.items() if not w.deleting}
+            self.now += dt.timedelta(seconds=30)
+        if self.deleting:
+            assert self.released, "a deleted run releases its finalizer"
+            return
+        if self.trainer_finished and not self.spec.lifecycle.suspend:
+            assert self.status.phase == Phase.SUCCEEDED, "a finished trainer ends the run"
+        elif self.status.phase.finished or self.status.phase == Phase.SUSPENDED:
+            assert not self.workloads and all(t.stopped for t in self.tasks), \
+                "a finished or suspended run holds no compute"
+        else:
+            assert self.status.message, "a live run says what it waits for"
+
+
+Lifecycle.TestCase.settings = settings(
+    max_examples=EXAMPLES, stateful_step_count=40, deadline=None, derandomize=True,
+    report_multiple_bugs=False, suppress_health_check=[HealthCheck.too_slow])
+TestLifecycle = Lifecycle.TestCase
