@@ -311,7 +311,10 @@ def test_install_run_and_uninstall_in_restricted_namespaces_with_only_the_charts
     assert get(cluster, runs_ns, "unfinished") is None
     names = names_of(running, operator_id=f"chart-{suffix}")
     assert not aws_leftovers(names)
-    assert not k8s_leftovers(cluster, runs_ns, names.uid)
+    # The workers' Deployment went in the background: its pods drain (up to one long poll)
+    # and go within their grace period.
+    wait_for(lambda: not k8s_leftovers(cluster, runs_ns, names.uid), 60,
+             "the unfinished run's pods to finish terminating")
     assert get_trigger(cluster, runs_ns, "charted-trigger") is None
     assert not runs_of(cluster, runs_ns, "charted-trigger")
     trigger_names = trigger_names_of(trigger, operator_id=f"chart-{suffix}")

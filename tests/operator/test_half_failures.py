@@ -156,8 +156,8 @@ def test_workers_that_crash_loop_fail_the_run_in_their_own_words_within_the_boun
     assert condition(run, "Failed")["reason"] == "WorkersUnavailable"
     message = run["status"]["message"]
     assert message.startswith("fewer than spec.workers.minReplicas (1) workers were ready for "
-                              "30s: a worker container keeps exiting (CrashLoopBackOff): exit "
-                              "code 2: mtrl worker: invalid worker configuration: "
+                              "30s: a worker container is crash-looping: exit code 2: mtrl "
+                              "worker: invalid worker configuration: "
                               "MTRL_POLL_WAIT_S: Input should be less than or equal to 20"), \
         message
     assert run["status"].get("launchedAttempt", 0) == 0

@@ -136,10 +136,9 @@ def pod_problem(pods: list[dict[str, Any]]) -> WorkerProblem | None:
         for container in status.get("containerStatuses") or []:
             waiting = (container.get("state") or {}).get("waiting") or {}
             last = (container.get("lastState") or {}).get("terminated") or {}
-            if last.get("exitCode"):
-                told = _last_line(last.get("message") or "")
-                words = (f"a worker container keeps exiting "
-                         f"({waiting.get('reason') or 'restarting'}): exit code {last['exitCode']}")
+            if last.get("exitCode"):  # restarted after a failure: a crash loop, whatever
+                told = _last_line(last.get("message") or "")  # the moment's state says
+                words = f"a worker container is crash-looping: exit code {last['exitCode']}"
                 return WorkerProblem("CrashLoopBackOff", _clip(f"{words}: {told}" if told else
                                                                words))
             if waiting.get("reason") in ("ImagePullBackOff", "ErrImagePull",

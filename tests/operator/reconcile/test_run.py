@@ -424,8 +424,8 @@ def test_a_shortfall_is_named_once_and_backed_off() -> None:
 def test_workers_short_of_min_replicas_for_the_ready_timeout_fail_the_run() -> None:
     from mtrl_operator.reconcile.workers import WorkerProblem
 
-    crash = WorkerProblem("CrashLoopBackOff", "a worker container keeps exiting "
-                                              "(CrashLoopBackOff): exit code 2: bad config")
+    crash = WorkerProblem("CrashLoopBackOff", "a worker container is crash-looping: exit code "
+                                              "2: bad config")
     first = decide(ready(workers_desired=4, workers_ready=0, worker_problem=crash))
     assert first.status.workers.short_since == NOW and Act.ENSURE_TRAINER not in first.actions
     assert _cond(first.status, "WorkersReady").reason == "CrashLoopBackOff"
