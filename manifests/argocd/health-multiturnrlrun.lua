@@ -7,7 +7,8 @@
 -- argocd-cm-patch.yaml embeds this file verbatim; tests/argocd keeps the two identical.
 
 -- Argo CD has one "Progressing" for every phase in which the run is still on its way.
-local ON_ITS_WAY = { Pending = true, Provisioning = true, Running = true, Terminating = true }
+local ON_ITS_WAY = { Pending = true, Provisioning = true, Running = true, Suspending = true,
+                    Terminating = true }
 
 local function find_condition(status, condition_type)
   if status.conditions == nil then

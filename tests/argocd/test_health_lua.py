@@ -49,6 +49,8 @@ EXPECTED = {
                          "Progressing", "Provisioning: creating queues, workers and trainer"),
     Phase.RUNNING: (run(Phase.RUNNING, "training: step 42/100"),
                     "Progressing", "Running: training: step 42/100"),
+    Phase.SUSPENDING: (run(Phase.SUSPENDING, "suspending: stopping the trainer"),
+                       "Progressing", "Suspending: suspending: stopping the trainer"),
     Phase.TERMINATING: (run(Phase.TERMINATING, "deleting the run's resources"),
                         "Progressing", "Terminating: deleting the run's resources"),
     Phase.SUCCEEDED: (run(Phase.SUCCEEDED, "trained 100 steps"), "Healthy",
