@@ -22,8 +22,8 @@ from mtrl_operator.adapters.mutations import guard_aws_client
 from mtrl_operator.builders.queues import DLQ, WORK_QUEUES, QueueRequest
 from mtrl_operator.errors import SPEC_ERROR_CODES, SpecError
 from mtrl_operator.naming import QUEUE_ROLES, RunNames
+from mtrl_operator.reconcile.draft import OPERATOR_STOP_REASON, EcsTask, Placement
 from mtrl_operator.reconcile.preflight import Found
-from mtrl_operator.reconcile.workers import OPERATOR_STOP_REASON, EcsTask, Placement
 from mtrl_rollout.queues import MANAGED_BY, TAG_MANAGED_BY, TAG_OPERATOR_ID, TAG_RUN_UID
 
 log = logging.getLogger("mtrl.aws")

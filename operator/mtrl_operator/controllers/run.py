@@ -37,6 +37,15 @@ from mtrl_operator.controllers.run_actions import RunActions
 from mtrl_operator.errors import SpecError, StaleCopy
 from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE, FINALIZER, LABEL_ATTEMPT, RunNames
 from mtrl_operator.reconcile.cost import refresh_due, steady
+from mtrl_operator.reconcile.draft import (
+    CONDITION_TYPES,
+    Decision,
+    EcsTask,
+    Observed,
+    TrainerObserved,
+    TrainerState,
+    WorkerProblem,
+)
 from mtrl_operator.reconcile.observe import (
     progress_from_configmap,
     spec_problem,
@@ -45,22 +54,8 @@ from mtrl_operator.reconcile.observe import (
     with_cause,
     with_placement,
 )
-from mtrl_operator.reconcile.run import (
-    CONDITION_TYPES,
-    Decision,
-    Observed,
-    TrainerObserved,
-    TrainerState,
-    decide,
-    stalled,
-)
-from mtrl_operator.reconcile.workers import (
-    EcsTask,
-    WorkerProblem,
-    newest_stopped,
-    pod_problem,
-    stopped_task_problem,
-)
+from mtrl_operator.reconcile.run import decide, stalled
+from mtrl_operator.reconcile.workers import newest_stopped, pod_problem, stopped_task_problem
 from mtrl_operator.settings import Settings
 from mtrl_operator.workqueue import WorkQueue, every
 

@@ -18,8 +18,14 @@ from mtrl_operator.builders import trainer as trainer_builders
 from mtrl_operator.builders import workers as worker_builders
 from mtrl_operator.builders.env import trainer_env, worker_env
 from mtrl_operator.naming import FINALIZER, RunNames, owner_reference
-from mtrl_operator.reconcile.run import Act, Decision, Observed, TrainerObserved, TrainerState
-from mtrl_operator.reconcile.workers import Placement
+from mtrl_operator.reconcile.draft import (
+    Act,
+    Decision,
+    Observed,
+    Placement,
+    TrainerObserved,
+    TrainerState,
+)
 from mtrl_operator.settings import Settings
 
 log = logging.getLogger("mtrl.controller")

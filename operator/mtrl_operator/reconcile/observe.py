@@ -23,7 +23,7 @@ from mtrl_api.run import (
     WorkersSpec,
     fargate_memory_text,
 )
-from mtrl_operator.reconcile.run import TrainerObserved, TrainerState
+from mtrl_operator.reconcile.draft import TrainerObserved, TrainerState
 from mtrl_operator.settings import Settings
 
 # What the newest condition of a PyTorchJob or HyperPodPyTorchJob means. Kubeflow's types are

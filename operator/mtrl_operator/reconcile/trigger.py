@@ -25,8 +25,8 @@ from mtrl_api.trigger import (
     S3Source,
 )
 from mtrl_operator.naming import TriggerNames, object_hash
+from mtrl_operator.reconcile.draft import set_condition
 from mtrl_operator.reconcile.notifications import ObjectEvent
-from mtrl_operator.reconcile.run import set_condition
 
 CONDITION_TYPES = frozenset({"Ready"})  # the trigger's conditions this operator writes
 

@@ -1,5 +1,7 @@
-"""The reward workers in their own words, pure: ECS tasks and what RunTask answered, worker
-pods, turned into one sentence the run's status and Events can carry.
+"""The reward workers' part of the run's state machine, pure: their own words (ECS tasks and
+what RunTask answered, worker pods, turned into one sentence the run's status and Events can
+carry), and the rules (`plan_workers`): the trainer starts at minReplicas, the rest are asked
+for again with backoff, and a run short of minReplicas for readyTimeoutSeconds fails.
 
 Real fleets fail half-way: RunTask answers HTTP 200 with fewer tasks than asked and one
 `failures` entry per missing task (Fargate short of capacity), a task stops with a
@@ -15,64 +17,19 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-# What the operator says when it stops a task itself (teardown, suspension): such a stop is
-# not the workers' failure.
-OPERATOR_STOP_REASON = "mtrl: run finished, suspended or deleted"
+from mtrl_api.run import MultiTurnRLRunSpec, WorkersProblem
+from mtrl_operator.reconcile.draft import (
+    Act,
+    Draft,
+    EcsTask,
+    Event,
+    Placement,
+    WorkerProblem,
+    duration,
+)
+
 MAX_WORDS = 1024
 PLACEMENT_BACKOFF_S = (10.0, 300.0)  # first retry after a shortfall, and the cap (doubling)
-
-
-@dataclass(frozen=True)
-class EcsTask:
-    """One worker task as DescribeTasks tells it."""
-
-    arn: str
-    last_status: str
-    desired_status: str
-    health: str = "UNKNOWN"
-    task_definition_arn: str = ""
-    stopped_reason: str = ""
-    stop_code: str = ""
-    exit_code: int | None = None  # the worker container's
-    container_reason: str = ""  # e.g. "OutOfMemoryError: Container killed due to memory usage"
-    stopped_at: dt.datetime | None = None
-
-    @property
-    def live(self) -> bool:
-        return self.desired_status == "RUNNING" and self.last_status not in ("STOPPED",
-                                                                           "DEPROVISIONING")
-
-    @property
-    def ready(self) -> bool:
-        return self.live and self.last_status == "RUNNING" and self.health != "UNHEALTHY"
-
-    @property
-    def stopped_on_its_own(self) -> bool:
-        """Stopped, and not because the operator said so."""
-        return not self.live and self.stopped_reason != OPERATOR_STOP_REASON
-
-    @property
-    def id(self) -> str:
-        return self.arn.rsplit("/", 1)[-1]
-
-
-@dataclass(frozen=True)
-class Placement:
-    """What the RunTask calls of one EnsureWorkers answered."""
-
-    asked: int
-    started: int
-    failures: tuple[str, ...] = ()  # each failure's reason (with its detail, if any)
-
-    @property
-    def short(self) -> bool:
-        return self.started < self.asked
-
-
-@dataclass(frozen=True)
-class WorkerProblem:
-    reason: str
-    words: str
 
 
 def _clip(text: str) -> str:
@@ -152,3 +109,75 @@ def pod_problem(pods: list[dict[str, Any]]) -> WorkerProblem | None:
                 return WorkerProblem("Unschedulable", _clip(
                     f"a worker pod cannot be scheduled: {condition.get('message') or ''}"))
     return None
+
+
+# ------------------------------------------------------------------ the workers' rules
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    actions: list[Act]
+    requeue: float | None
+    enough: bool  # minReplicas ready: the trainer may start
+    expired: str | None = None  # short of minReplicas for too long: why the run must fail
+
+
+def _worker_words(st: Draft, spec: MultiTurnRLRunSpec) -> None:
+    """The workers' problem in status: what this reconcile's RunTask answered, else what the
+    tasks or pods say, else the last words, until every worker is ready. Each new cause is
+    an Event; a shortfall or a crash backs the next RunTask off."""
+    obs, ws = st.obs, st.s.workers
+    said, short = obs.worker_problem, False
+    if obs.placement is not None:  # a try just happened
+        ws.next_placement_time = None
+        short = obs.placement.short
+        said = placement_problem(obs.placement) or said
+    if short or obs.workers_stopped > ws.stopped:  # a shortfall, or a task stopped on its own
+        ws.placement_failures += 1
+        ws.next_placement_time = obs.now + dt.timedelta(
+            seconds=placement_backoff(ws.placement_failures))
+    ws.stopped = obs.workers_stopped
+    if said is not None:
+        problem = WorkersProblem(reason=said.reason, message=said.words)
+        if ws.problem != problem:
+            st.events.append(Event("Warning", said.reason, said.words))
+        ws.problem = problem
+    elif obs.workers_ready >= spec.workers.max_replicas:  # all there: what was said is over
+        ws.problem, ws.placement_failures, ws.next_placement_time = None, 0, None
+
+
+def plan_workers(st: Draft, spec: MultiTurnRLRunSpec) -> WorkerPlan:
+    """Workers before the GPUs: the trainer starts once `minReplicas` are ready, and the rest
+    are asked for again (with backoff after a shortfall) without holding the trainer back. A
+    run short of `minReplicas` for `readyTimeoutSeconds`, before or during training, fails
+    with the workers' last words."""
+    obs, workers, ws = st.obs, spec.workers, st.s.workers
+    _worker_words(st, spec)
+    enough = obs.workers_ready >= workers.min_replicas
+    problem = ws.problem
+    summary = (f"{obs.workers_ready}/{workers.max_replicas} workers ready (minimum "
+               f"{workers.min_replicas})")
+    st.cond("WorkersReady", enough,
+            "WorkersReady" if enough else (problem.reason if problem else "WaitingForWorkers"),
+            f"{summary}: {problem.message}" if problem else summary)
+    requeue: float | None = None
+    ws.short_since = None if enough else (ws.short_since or obs.now)
+    if ws.short_since is not None:
+        short_for = (obs.now - ws.short_since).total_seconds()
+        if short_for >= workers.ready_timeout_seconds:
+            return WorkerPlan([], None, False, (
+                f"fewer than spec.workers.minReplicas ({workers.min_replicas}) workers were "
+                f"ready for {duration(workers.ready_timeout_seconds)}: "
+                f"{problem.message if problem else 'no worker became ready'}"))
+        requeue = min(0.5, workers.ready_timeout_seconds - short_for)
+    actions: list[Act] = []
+    # ECS tasks have no watch: look again soon. The controller doubles the wait while
+    # nothing changes, so a short first look costs little however long the workers take.
+    if not obs.workers_exist or obs.workers_desired < workers.max_replicas:
+        after = ws.next_placement_time
+        if after is None or obs.now >= after:
+            actions, requeue = [Act.ENSURE_WORKERS], 0.5
+        else:
+            wait = (after - obs.now).total_seconds()
+            requeue = wait if requeue is None else min(requeue, wait)
+    return WorkerPlan(actions, requeue, enough)

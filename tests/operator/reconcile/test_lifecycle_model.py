@@ -40,6 +40,7 @@ from hypothesis.stateful import (
 )
 
 from mtrl_api.run import MultiTurnRLRunSpec, MultiTurnRLRunStatus, Phase, Progress
+from mtrl_operator.reconcile.draft import EcsTask, Placement
 from mtrl_operator.reconcile.run import (
     Act,
     Decision,
@@ -48,7 +49,6 @@ from mtrl_operator.reconcile.run import (
     TrainerState,
     decide,
 )
-from mtrl_operator.reconcile.workers import EcsTask, Placement
 
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 PHASES = {p.value for p in Phase}

@@ -392,7 +392,7 @@ def test_a_finished_trainer_ends_the_run_whatever_the_workers_do() -> None:
 
 
 def test_a_shortfall_is_named_once_and_backed_off() -> None:
-    from mtrl_operator.reconcile.workers import Placement
+    from mtrl_operator.reconcile.draft import Placement
 
     capacity = "Capacity is unavailable at this time"
     short = Placement(asked=4, started=1, failures=(capacity,) * 3)
@@ -422,7 +422,7 @@ def test_a_shortfall_is_named_once_and_backed_off() -> None:
 
 
 def test_workers_short_of_min_replicas_for_the_ready_timeout_fail_the_run() -> None:
-    from mtrl_operator.reconcile.workers import WorkerProblem
+    from mtrl_operator.reconcile.draft import WorkerProblem
 
     crash = WorkerProblem("CrashLoopBackOff", "a worker container is crash-looping: exit code "
                                               "2: bad config")

@@ -6,10 +6,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from mtrl_operator.reconcile.draft import OPERATOR_STOP_REASON, EcsTask, Placement
 from mtrl_operator.reconcile.workers import (
-    OPERATOR_STOP_REASON,
-    EcsTask,
-    Placement,
     newest_stopped,
     placement_backoff,
     placement_problem,

@@ -1,0 +1,172 @@
+"""The trainer's part of the run's state machine: one attempt at a time, and what its
+outcome means: success ends the run; a failure starts the next attempt while the operator
+owns retries and the backoff limit allows, except after a configuration error or episodes
+that kept failing; an evicted or preempted trainer resumes without counting; a trainer with
+no step for progressTimeoutSeconds is a hung (failed) attempt. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from mtrl_api.run import LauncherKind, MultiTurnRLRunSpec, Phase
+from mtrl_operator.reconcile.draft import (
+    SUCCEEDED_OUTCOME,
+    Act,
+    Decision,
+    Draft,
+    Event,
+    Observed,
+    TrainerObserved,
+    TrainerState,
+    duration,
+    teardown,
+)
+from mtrl_operator.reconcile.retries import RetryOwner, retry_owner
+
+_OWNER_TEXT = {RetryOwner.HYPERPOD_AUTO_RESUME: "HyperPod auto-resume",
+               RetryOwner.HYPERPOD_TRAINING_OPERATOR: "the HyperPod training operator"}
+
+
+def _launched_and_gone(st: Draft, obs: Observed, attempt: int) -> bool:
+    """The current attempt's workload existed and is gone. Asked for alone is not enough: the
+    operator may have stopped between recording the attempt and creating it. Seen by a
+    reconcile, or reported from by its trainer, is: then creating it again would run a
+    finished or failed attempt a second time."""
+    if st.s.launched_attempt < attempt:
+        return False
+    return st.s.observed_attempt >= attempt or obs.reported_attempt == attempt
+
+
+def _vanished(spec: MultiTurnRLRunSpec, attempt: int) -> str:
+    kind = spec.trainer.launcher.value
+    ttl = (" (a HyperPodPyTorchJob is deleted by its runPolicy.ttlSecondsAfterFinished)"
+           if spec.trainer.launcher == LauncherKind.HYPERPOD_PYTORCH_JOB else "")
+    return (f"the {kind} of attempt {attempt} was deleted before the operator saw its "
+            f"outcome{ttl}, and its trainer reported no success: counted as a failed attempt")
+
+
+def trainer_succeeded(st: Draft) -> bool:
+    """The current attempt's trainer finished training, by its workload or its report."""
+    trainer = st.obs.trainer
+    return st.obs.trainer_outcome == SUCCEEDED_OUTCOME or (
+        trainer is not None and trainer.attempt == st.s.attempts
+        and trainer.state == TrainerState.SUCCEEDED)
+
+
+def trainer(st: Draft, spec: MultiTurnRLRunSpec) -> Decision:
+    """One attempt at a time; its outcome ends the run or starts the next attempt."""
+    attempt = st.s.attempts
+    trainer = _current_attempt(st, spec, attempt)
+    if isinstance(trainer, Decision):
+        return trainer
+    if trainer.state == TrainerState.SUCCEEDED:
+        st.cond("TrainerReady", False, "TrainerSucceeded", trainer.message)
+        st.finish(True, "TrainingComplete", f"trained {st.s.progress.step} steps in "
+                                            f"{attempt} attempt(s)")
+        return st.done(teardown(st.obs), requeue=0.2)
+    if trainer.state == TrainerState.RUNNING and (hung := _hang(st, spec)) is not None:
+        trainer = replace(trainer, state=TrainerState.FAILED, message=hung, hung=True)
+    if trainer.state == TrainerState.FAILED:
+        return _failed_attempt(st, spec, trainer)
+    running = trainer.state == TrainerState.RUNNING
+    st.cond("TrainerReady", running,
+            "Unschedulable" if trainer.unschedulable else trainer.state.value, trainer.message)
+    if not running:  # say what it waits for on the run, not only in its condition
+        st.s.message = f"waiting for the trainer (attempt {attempt}): " \
+                       f"{trainer.message or trainer.state.value.lower()}"
+    if running:
+        st.cond("Progressing", True, "Training", f"step {st.s.progress.display}")
+        message = f"training: step {st.s.progress.display}"
+        problem = st.s.workers.problem
+        if problem is not None and st.obs.workers_ready < spec.workers.max_replicas:
+            message += (f" (workers {st.obs.workers_ready}/{spec.workers.max_replicas}: "
+                        f"{problem.message})")
+        st.phase(Phase.RUNNING, message)
+    return st.wait([])
+
+
+def _hang(st: Draft, spec: MultiTurnRLRunSpec) -> str | None:
+    """Why a running trainer counts as hung (no step for progressTimeoutSeconds, counted from
+    the newest of its last step and its start), or None; the run is requeued for the moment
+    it would be."""
+    timeout = spec.lifecycle.progress_timeout_seconds
+    marks = [t for t in (st.s.progress.last_step_time, st.s.cost.running_since) if t]
+    if not timeout or not marks:
+        return None
+    since = max(marks)
+    left = timeout - (st.obs.now - since).total_seconds()
+    if left > 0:
+        st.deadline_in = left if st.deadline_in is None else min(st.deadline_in, left)
+        return None
+    step = st.s.progress.step
+    return f"no step for {duration(timeout)} since " + \
+        (f"step {step}" if step else "the trainer started")
+
+
+def _current_attempt(st: Draft, spec: MultiTurnRLRunSpec,
+                     attempt: int) -> TrainerObserved | Decision:
+    """The current attempt's trainer as observed, or what to do while it has none."""
+    obs = st.obs
+    if obs.trainer is not None and obs.trainer.attempt == attempt:
+        st.s.observed_attempt = max(st.s.observed_attempt, attempt)
+        return obs.trainer
+    if obs.trainers_exist:  # an older attempt is still there; remove it first
+        return st.wait([Act.DELETE_TRAINER], requeue=1.0)
+    if obs.trainer_outcome == SUCCEEDED_OUTCOME:
+        # The workload is gone (a ttlSecondsAfterFinished of 0 deletes a finished
+        # HyperPodPyTorchJob at once), but the trainer recorded that it finished.
+        return TrainerObserved(attempt, TrainerState.SUCCEEDED,
+                               "the trainer reported that training finished")
+    if _launched_and_gone(st, obs, attempt):
+        return TrainerObserved(attempt, TrainerState.FAILED, _vanished(spec, attempt))
+    # Recorded before the create call (status is written before any action), so a workload
+    # that exists once is never created a second time.
+    st.s.launched_attempt = attempt
+    st.cond("TrainerReady", False, "CreatingTrainer", f"attempt {attempt}")
+    return st.wait([Act.ENSURE_TRAINER], requeue=2.0, attempt=attempt)
+
+
+def _failed_attempt(st: Draft, spec: MultiTurnRLRunSpec, trainer: TrainerObserved) -> Decision:
+    """A new attempt while the operator owns retries and the backoff limit allows one; none
+    after a configuration error or episodes that kept failing, which the next attempt would
+    hit again. A trainer that was evicted or preempted resumes in a new attempt, counted as
+    no failure."""
+    attempt, lifecycle = trainer.attempt, spec.lifecycle
+    cleanup = [Act.DELETE_TRAINER] if st.obs.trainers_exist else []
+    if trainer.config_error or trainer.episodes_failed:
+        reason, what = (("TrainerConfigError", "a configuration error") if trainer.config_error
+                        else ("EpisodesFailed", "episodes that kept failing"))
+        st.finish(False, reason, f"the trainer stopped in attempt {attempt} on {what}, not "
+                                 f"retried: {trainer.message}")
+        return st.done(teardown(st.obs), requeue=0.2)
+    if trainer.disrupted:
+        st.s.attempts = attempt + 1
+        st.cond("TrainerReady", False, "Disrupted", trainer.disrupted)
+        st.events.append(Event("Warning", "TrainerDisrupted",
+                               f"attempt {attempt} was stopped from outside ({trainer.disrupted});"
+                               f" resuming in attempt {attempt + 1} from the latest checkpoint, "
+                               "not counted as a failure"))
+        return st.wait(cleanup, requeue=0.5)
+    reason = "TrainerHung" if trainer.hung else "TrainerFailed"
+    owner = retry_owner(spec.trainer.launcher, st.obs.namespace)
+    if owner != RetryOwner.OPERATOR:
+        st.finish(False, reason,
+                  f"the {spec.trainer.launcher.value} failed after the retries "
+                  f"{_OWNER_TEXT[owner]} makes (trainer.autoResumeMaxRetries="
+                  f"{spec.trainer.auto_resume_max_retries}); the operator does not retry "
+                  f"on top of them: {trainer.message}")
+        return st.done(teardown(st.obs), requeue=0.2)
+    st.s.failed_attempts += 1
+    if st.s.failed_attempts <= lifecycle.backoff_limit:
+        st.s.attempts = attempt + 1
+        st.cond("TrainerReady", False, "TrainerHung" if trainer.hung else "Retrying",
+                trainer.message)
+        st.events.append(Event("Warning", reason,
+                               f"attempt {attempt} {'hung' if trainer.hung else 'failed'} "
+                               f"({trainer.message}); starting attempt {attempt + 1} from the "
+                               "latest checkpoint"))
+        return st.wait(cleanup, requeue=0.5)
+    st.finish(False, "BackoffLimitExceeded",
+              f"the trainer failed {st.s.failed_attempts} time(s), more than backoffLimit "
+              f"{lifecycle.backoff_limit}; last: {trainer.message}")
+    return st.done(teardown(st.obs), requeue=0.2)
