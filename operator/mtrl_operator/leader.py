@@ -90,6 +90,7 @@ class LeaderElector:
         self._renewed_at: float | None = None  # our clock when our last write succeeded
         self._answered_at: float | None = None  # our clock when the API server last answered
         self.last_error: str | None = None  # why the last try failed, if it did
+        self._refused_since: float | None = None  # our clock at the first 401/403 in a row
 
     @property
     def leader(self) -> str | None:
@@ -149,13 +150,24 @@ class LeaderElector:
         try:
             async with asyncio.timeout(max(left, 0.001)):
                 won = await self.try_acquire_or_renew()
-        except (asyncio.CancelledError, FatalConfig):
+        except asyncio.CancelledError:
             raise
+        except FatalConfig as exc:
+            # Refused (401/403). Right after an API server restart its authorizer may refuse
+            # for a moment what it allows: fatal only for a replica that never got an answer
+            # and has been refused for a whole renew deadline.
+            now = self.clock()
+            self._refused_since = self._refused_since or now
+            if self._answered_at is None and now - self._refused_since >= self.renew_deadline:
+                raise
+            log.warning("lease request refused: %s", exc)
+            self.last_error = str(exc)
+            return False
         except Exception as exc:  # the API server is away: a candidate keeps trying
             log.warning("lease request failed: %r", exc)
             self.last_error = f"{type(exc).__name__}: {exc}"
             return False
-        self._answered_at, self.last_error = self.clock(), None
+        self._answered_at, self._refused_since, self.last_error = self.clock(), None, None
         return won
 
     async def acquire(self) -> None:

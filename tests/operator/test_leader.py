@@ -202,8 +202,9 @@ class ForbiddenLease(MemoryLease):
 
 
 async def test_an_election_that_cannot_work_ends_the_process_with_one_line() -> None:
-    """A Lease the ServiceAccount may not read is no passing trouble: the thread says so once
-    (main exits 2 on it) instead of dying quietly or retrying for ever."""
+    """A Lease the ServiceAccount may not read, from the start and for a whole renew deadline,
+    is no passing trouble: the thread says so once (main exits 2 on it) instead of dying
+    quietly or retrying for ever."""
     said: list[str] = []
     told = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -216,7 +217,31 @@ async def test_an_election_that_cannot_work_ends_the_process_with_one_line() -> 
                                                   renew_deadline=2, retry_period=0.1),
                             lambda: said.append("lost"), fatal)
     acquiring = asyncio.ensure_future(thread.acquire())
-    await asyncio.wait_for(told.wait(), 5)
+    started = time.monotonic()
+    await asyncio.wait_for(told.wait(), 10)
+    assert time.monotonic() - started >= 2  # not at the first refusal
     acquiring.cancel()
     assert said == ["the operator may not get its Lease ns/lease (403 Forbidden)"]
     assert not thread.ready()
+
+
+class BrieflyForbiddenLease(MemoryLease):
+    """An API server just restarted: its authorizer refuses once, then allows."""
+
+    refusals: int = 1
+
+    async def read(self) -> tuple[LeaseRecord, str] | None:
+        if self.refusals:
+            self.refusals -= 1
+            raise FatalConfig("the operator may not get its Lease ns/lease (403 Forbidden)")
+        return await super().read()
+
+
+async def test_a_leader_refused_for_a_moment_keeps_its_lease() -> None:
+    store = BrieflyForbiddenLease()
+    elector = LeaderElector(store, "a", lease_duration=3, renew_deadline=2, retry_period=0.1)
+    store.refusals = 0
+    await asyncio.wait_for(elector.acquire(), 5)
+    store.refusals = 1
+    assert not await elector._attempt()  # refused: no raise, the renewal is retried
+    assert await elector._attempt() and elector.holding()
