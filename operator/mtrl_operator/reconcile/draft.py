@@ -157,6 +157,15 @@ class Draft:
         self.s.conditions = set_condition(self.s.conditions, type_, status, reason, message,
                                           self.obs.now, self.obs.generation)
 
+    def alarm(self, type_: str, raised: bool, reason: str, clear_reason: str,
+              message: str) -> None:
+        """A condition that warns (RewardCollapse, EpisodesFailing): its message while
+        raised, and a Warning Event of its name when it rises."""
+        was = any(c.type == type_ and c.status == "True" for c in self.s.conditions)
+        self.cond(type_, raised, reason if raised else clear_reason, message if raised else "")
+        if raised and not was:
+            self.events.append(Event("Warning", type_, message))
+
     def phase(self, phase: Phase, message: str, warning: bool = False) -> None:
         if self.s.phase != phase:
             self.events.append(Event("Warning" if warning else "Normal", phase.value, message))

@@ -101,15 +101,11 @@ def _reward_collapse(st: Draft, obs: Observed, previous: Progress) -> None:
     above = progress.zero_variance_fraction >= collapse.zero_variance_threshold
     streak = (previous.collapse_streak + 1) if above else 0
     progress.collapse_streak = streak
-    raised = streak >= collapse.window_steps
-    was = any(c.type == "RewardCollapse" and c.status == "True" for c in st.s.conditions)
-    message = (f"{progress.zero_variance_fraction:.0%} of groups had equal rewards for "
-               f"{streak} consecutive steps (threshold {collapse.zero_variance_threshold:.0%}, "
-               f"window {collapse.window_steps}); GRPO gets no signal from them")
-    st.cond("RewardCollapse", raised, "ZeroVarianceGroups" if raised else "RewardsVary",
-            message if raised else "")
-    if raised and not was:
-        st.events.append(Event("Warning", "RewardCollapse", message))
+    st.alarm("RewardCollapse", streak >= collapse.window_steps, "ZeroVarianceGroups",
+             "RewardsVary",
+             f"{progress.zero_variance_fraction:.0%} of groups had equal rewards for {streak} "
+             f"consecutive steps (threshold {collapse.zero_variance_threshold:.0%}, window "
+             f"{collapse.window_steps}); GRPO gets no signal from them")
 
 
 def _episodes_failing(st: Draft, obs: Observed, previous: Progress) -> None:
@@ -119,15 +115,11 @@ def _episodes_failing(st: Draft, obs: Observed, previous: Progress) -> None:
     if spec is None or progress.failed_episode_fraction is None or progress.step == previous.step:
         return
     limit = spec.rollout.max_failed_episode_fraction
-    failing = progress.failed_episode_fraction > limit
-    was = any(c.type == "EpisodesFailing" and c.status == "True" for c in st.s.conditions)
-    message = (f"{progress.failed_episode_fraction:.0%} of the episodes of step {progress.step} "
-               f"failed (more than spec.rollout.maxFailedEpisodeFraction {limit:g}): "
-               f"{progress.episode_error or 'no error given'}")
-    st.cond("EpisodesFailing", failing, "EpisodeErrors" if failing else "EpisodesSucceed",
-            message if failing else "")
-    if failing and not was:
-        st.events.append(Event("Warning", "EpisodesFailing", message))
+    st.alarm("EpisodesFailing", progress.failed_episode_fraction > limit, "EpisodeErrors",
+             "EpisodesSucceed",
+             f"{progress.failed_episode_fraction:.0%} of the episodes of step {progress.step} "
+             f"failed (more than spec.rollout.maxFailedEpisodeFraction {limit:g}): "
+             f"{progress.episode_error or 'no error given'}")
 
 
 def decide(obs: Observed) -> Decision:
