@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from mtrl_api import CONFIG_ERROR_EXIT_CODE, CONFIG_ERROR_PREFIX, TERMINATED_EXIT_CODE
+from mtrl_rollout import logs
 from mtrl_trainer.config import ConfigError, TrainerConfig
 from mtrl_trainer.distributed import close_world, init_world
 
@@ -38,8 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mtrl trainer", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(args.log_level)
     try:
         config = TrainerConfig.from_env()
     except ConfigError as exc:

@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 
+from mtrl_rollout import logs
 from mtrl_worker.config import ConfigError, WorkerConfig
 from mtrl_worker.runtime import Worker
 
@@ -22,11 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(args.log_level)
     try:
         config = WorkerConfig.from_env()
         worker = Worker(config)

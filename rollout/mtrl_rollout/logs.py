@@ -1,0 +1,22 @@
+"""Logging for the processes the operator starts (the trainer and the workers).
+
+One line format, and the HTTP clients' one-line-per-request chatter (`httpx2: HTTP Request:
+PATCH .../configmaps/<run>-progress ... 200 OK`, several per step) kept at DEBUG, so that
+`mtrl logs` and `kubectl logs` show what the process itself says.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+CLIENT_LOGGERS = ("httpx", "httpx2", "httpcore", "hpack", "botocore", "urllib3", "aiohttp.access")
+
+
+def configure(level: str) -> None:
+    """Log at `level` to stderr; HTTP clients log their requests only when `level` is DEBUG."""
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    clients = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
+    for name in CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(clients)
