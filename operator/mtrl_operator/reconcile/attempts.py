@@ -45,6 +45,15 @@ def _vanished(spec: MultiTurnRLRunSpec, attempt: int) -> str:
             f"outcome{ttl}, and its trainer reported no success: counted as a failed attempt")
 
 
+def under_way(st: Draft) -> bool:
+    """The current attempt's trainer was created: it exists, or was seen or reported from, so
+    its outcome is read whatever the workers do. Recorded alone is not enough: a launch cut
+    short before its create call waits for `minReplicas` workers like any other, since
+    the workers may have gone while the operator was away."""
+    return (st.obs.trainers_exist or st.obs.trainer_outcome == SUCCEEDED_OUTCOME
+            or _launched_and_gone(st, st.obs, st.s.attempts))
+
+
 def trainer_succeeded(st: Draft) -> bool:
     """The current attempt's trainer finished training, by its workload or its report."""
     trainer = st.obs.trainer

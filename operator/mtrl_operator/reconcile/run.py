@@ -23,7 +23,7 @@ from mtrl_api.run import (
     WorkersStatus,
 )
 from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE
-from mtrl_operator.reconcile.attempts import trainer, trainer_succeeded
+from mtrl_operator.reconcile.attempts import trainer, trainer_succeeded, under_way
 from mtrl_operator.reconcile.cost import budget, metered
 from mtrl_operator.reconcile.draft import (  # the state machine's vocabulary, from here too
     CONDITION_TYPES,
@@ -286,8 +286,7 @@ def _workers_then_trainer(st: Draft, spec: MultiTurnRLRunSpec) -> Decision:
     if plan.expired and not trainer_succeeded(st):  # a trainer that finished ends the run
         st.finish(False, "WorkersUnavailable", plan.expired)
         return st.done(teardown(st.obs), requeue=1.0)
-    launched = st.s.launched_attempt >= st.s.attempts or st.obs.trainers_exist
-    if not plan.enough and not launched:
+    if not plan.enough and not under_way(st):
         problem = st.s.workers.problem
         st.s.message = (f"waiting for workers: {st.obs.workers_ready}/"
                         f"{spec.workers.max_replicas} ready (minimum "

@@ -497,3 +497,15 @@ def test_episodes_that_keep_failing_are_named_and_end_the_run_unretried() -> Non
     d = decide(ready(status=d.status, trainers_exist=True, trainer=stopped))
     assert d.status.phase == Phase.FAILED and _cond(d.status, "Failed").reason == "EpisodesFailed"
     assert d.status.attempts == 1
+
+
+def test_a_launch_cut_short_waits_again_for_workers_that_went_meanwhile() -> None:
+    """Found by the lifecycle model (3,000 examples): attempt 2 was recorded, its create call
+    failed, and a worker task stopped before the next reconcile. The recorded attempt let the
+    trainer past the workers' gate: GPUs with one worker of a minimum of two."""
+    retrying = started(launched_attempt=2, observed_attempt=1).model_copy(update={"attempts": 2})
+    d = decide(ready(status=retrying, workers_ready=1))
+    assert Act.ENSURE_TRAINER not in d.actions
+    assert d.status.message.startswith("waiting for workers: 1/4 ready (minimum 2)")
+    d = decide(ready(status=retrying, workers_ready=2))
+    assert Act.ENSURE_TRAINER in d.actions and d.attempt == 2
