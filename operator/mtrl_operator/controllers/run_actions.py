@@ -1,8 +1,10 @@
 """What a run's decision asks for, done through the adapters: queues, workers and trainer made
 from the builders' manifests and request bodies, and taken down again.
 
-Each action works from what its reconcile just observed (the queues, the ECS tasks, the task
-definition) instead of looking again; every name is known.
+Creating works from what its reconcile just observed (the queues, the ECS tasks, the task
+definition) instead of looking again; every name is known. Deleting queues and task
+definitions lists them again, on purpose: everything under the run's prefix goes, the workers'
+reply queues and a revision registered since the observation included.
 """
 
 from __future__ import annotations
