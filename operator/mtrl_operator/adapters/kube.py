@@ -156,8 +156,8 @@ class Kube:
                                           patch_type=PatchType.APPLY,
                                           field_manager=FIELD_MANAGER, force=True)
         except (ApiError, httpx.HTTPStatusError) as exc:
-            if _status_code(exc) == 409:
-                raise StaleCopy(f"status of {namespace}/{name}") from exc
+            # No 409 to expect: a forced apply without a resourceVersion takes the fields from
+            # any other manager and is conditioned on no version.
             if _status_code(exc) != 404:
                 raise
             return None
