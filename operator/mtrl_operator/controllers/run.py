@@ -261,8 +261,9 @@ class Controller:
             placement = await self.actions.run(body, names, spec, obs, decision)
             if placement is not None:
                 # What RunTask answered is news for the status (a shortfall, its backoff):
-                # the same decision again, knowing it; its actions were just done.
-                decision = decide(replace(obs, placement=placement))
+                # the same decision again, knowing it and from the status just written (what
+                # that decision announced is not news twice); its actions were just done.
+                decision = decide(replace(obs, status=decision.status, placement=placement))
                 await self._publish(body, decision)
         except SpecError as exc:
             if deleting or decision.status.phase.finished:

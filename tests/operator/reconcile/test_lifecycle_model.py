@@ -40,7 +40,7 @@ from hypothesis.stateful import (
 )
 
 from mtrl_api.run import MultiTurnRLRunSpec, MultiTurnRLRunStatus, Phase, Progress
-from mtrl_operator.reconcile.draft import EcsTask, Placement
+from mtrl_operator.reconcile.draft import EcsTask, Event, Placement
 from mtrl_operator.reconcile.run import (
     Act,
     Decision,
@@ -54,8 +54,8 @@ T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 PHASES = {p.value for p in Phase}
 # Reasons a run may fail for, given what was injected.
 FAILURE_REASONS = {"BackoffLimitExceeded", "TrainerFailed", "TrainerHung", "WorkersUnavailable"}
-# Model runs: CI runs the default; MTRL_MODEL_EXAMPLES=2000 is the longer local run.
-EXAMPLES = int(os.environ.get("MTRL_MODEL_EXAMPLES", "400"))
+# Model runs: CI runs the default; MTRL_MODEL_EXAMPLES=10000 is the longer local run.
+EXAMPLES = int(os.environ.get("MTRL_MODEL_EXAMPLES", "1000"))
 REACTIONS = st.integers(0, 3)  # reconciles after an event
 
 
@@ -155,9 +155,11 @@ class Lifecycle(RuleBasedStateMachine):
         if actions_fail:
             return
         placement = self._act(d)
-        if placement is not None:
-            d2 = decide(replace(obs, placement=placement))
-            self._check(obs, d2)
+        if placement is not None:  # as the controller does: from the status just written
+            again = replace(obs, status=d.status, placement=placement)
+            d2 = decide(again)
+            self._check(again, d2)
+            self._announced_once(d.events + d2.events)
             self.status = d2.status
 
     def _count_a_hang(self) -> None:
@@ -256,6 +258,13 @@ class Lifecycle(RuleBasedStateMachine):
         if after.start_time is not None and not obs.deleting:
             assert after.message, (after.phase, d.actions)
 
+    @staticmethod
+    def _announced_once(events: list[Event]) -> None:
+        """What one reconcile publishes (both decisions when RunTask was called) names each
+        transition and each worker problem once."""
+        said = [(e.reason, e.message) for e in events]
+        assert len(said) == len(set(said)), f"announced twice in one reconcile: {said}"
+
     def _react(self, reconciles: int) -> None:
         """The operator reacts to an event (a watch, a resync) with some reconciles, some of
         whose actions AWS refuses."""
@@ -328,8 +337,11 @@ class Lifecycle(RuleBasedStateMachine):
     @precondition(lambda self: (w := self._current()) and w.state == TrainerState.RUNNING)
     @rule(then=REACTIONS)
     def trainer_succeeds(self, then: int) -> None:
+        """A trainer that finishes after its run ended (one stopped as hung that completes in
+        its grace period) does not reopen the run: an ended run stays ended."""
         self.workloads[self.status.attempts].state = TrainerState.SUCCEEDED
-        self.outcome, self.trainer_finished = "Succeeded", True
+        self.outcome = "Succeeded"
+        self.trainer_finished = self.trainer_finished or not self.status.phase.finished
         self._react(then)
 
     @precondition(lambda self: (w := self._current()) and w.state in (TrainerState.PENDING,
