@@ -7,7 +7,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from mtrl_cli import aws, chart, command, display, kube, metrics, png
+from mtrl_cli import aws, chart, command, display, kube, metrics, plot
 from mtrl_cli.errors import CliError
 
 
@@ -40,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(chart.chart(points, width, max(1, args.height))))
         if args.png:
             try:
-                args.png.write_bytes(png.line_chart(points))
+                plot.line_chart(points, args.png, title=f"{cluster.namespace}/{args.run}",
+                                ylabel=metrics.metric_key(args.metric))
             except OSError as exc:
                 raise CliError(f"writing {args.png}: {exc.strerror}") from None
             print(f"wrote {args.png}")

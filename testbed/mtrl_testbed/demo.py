@@ -19,6 +19,7 @@ from pathlib import Path
 import boto3
 import yaml
 
+from mtrl_cli import chart, plot
 from mtrl_operator.naming import LABEL_RUN_UID, RunNames
 from mtrl_testbed import local
 from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
@@ -26,35 +27,6 @@ from mtrl_testbed.moto import MotoServer
 
 EXAMPLE = local.EXAMPLE
 TIMEOUT_S = 900
-
-
-def _terminal_plot(rewards: dict[int, float], height: int = 8) -> str:
-    steps = sorted(rewards)
-    top = max(max(rewards.values()), 1e-9)
-    rows = []
-    for level in range(height, 0, -1):
-        cut = top * (level - 0.5) / height
-        rows.append(f"{top * level / height:5.2f} |" +
-                    "".join("#" if rewards[s] >= cut else " " for s in steps))
-    rows.append("      +" + "-" * len(steps))
-    rows.append(f"       step 1..{steps[-1]}")
-    return "\n".join(rows)
-
-
-def _png(rewards: dict[int, float], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = sorted(rewards)
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
-    ax.plot(steps, [rewards[s] for s in steps], marker="o")
-    ax.set(xlabel="step", ylabel="mean reward", title="tiny-target: GRPO on CPU")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def _bar(step: int, total: int, width: int = 30) -> str:
@@ -102,8 +74,10 @@ def main() -> int:
         print(cluster.kubectl("get", "mtrlruns").stdout)
         if rewards:
             print("== reward curve (mean reward per step)")
-            print(_terminal_plot(rewards))
-            _png(rewards, out / "reward.png")
+            points = sorted(rewards.items())
+            print("\n".join(chart.chart(points, width=60, height=8)))
+            plot.line_chart(points, out / "reward.png", title="tiny-target: GRPO on CPU",
+                            ylabel="mean reward")
             print(f"   also written to {out / 'reward.png'}")
         names = RunNames("default", name, body["metadata"]["uid"])
         time.sleep(5)

@@ -9,7 +9,7 @@ import pytest
 
 from mtrl_testbed.cluster import LocalCluster
 from tests.cli.conftest import Result, make_run, put_metrics
-from tests.cli.test_png import decode
+from tests.cli.test_plot import blue_pixels
 
 pytestmark = [pytest.mark.cluster, pytest.mark.aws]
 
@@ -26,8 +26,7 @@ def test_curve_prints_the_chart_and_writes_a_png(cluster: LocalCluster, aws_env:
     assert lines[0] == f"rewardMean of {cli_namespace}/drawn, 3 steps ({output}/metrics.jsonl)"
     assert lines[1:3] == ["0.800 ┤  █", "0.200 ┤▁▆█"]
     assert lines[4].split() == ["1", "3"] and lines[5] == f"wrote {png}"
-    width, height, _ = decode(png.read_bytes())
-    assert (width, height) == (640, 360)
+    assert len(blue_pixels(png)) > 100, "the curve is drawn"
 
     unknown = mtrl("curve", "drawn", "-n", cli_namespace, "--metric", "loss")
     assert unknown.code == 1 and unknown.out == ""
