@@ -1,5 +1,5 @@
 """The Argo CD health check for MultiTurnRLTrigger, run as Argo CD runs it (tests/argocd/luacheck.py),
-over statuses the operator's own decision function (`triggers.decide.observe`) writes."""
+over statuses the operator's own decision function (`triggers.reconcile_trigger.observe`) writes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from mtrl_api.run import Phase
 from mtrl_api.trigger import MultiTurnRLTriggerSpec, MultiTurnRLTriggerStatus
-from mtrl_operator.reconcile import trigger as decide
+from mtrl_operator.reconcile import trigger as reconcile_trigger
 from mtrl_operator.reconcile.trigger import QueueState, RunView
 from tests.argocd.luacheck import ArgoCD
 
@@ -29,20 +29,20 @@ AWS_ERROR = ("AwsError", "PutBucketNotificationConfiguration: AccessDenied: no")
 def trigger(queue: QueueState | None = QUEUE, problem: tuple[str, str] | None = None,
             runs: list[RunView] | None = None, suspend: bool = False, generation: int = 1,
             observed: int | None = 1) -> dict[str, Any]:
-    """A MultiTurnRLTrigger as Argo CD reads it, its status written by decide.observe."""
+    """A MultiTurnRLTrigger as Argo CD reads it, its status written by reconcile_trigger.observe."""
     spec = {**SPEC, "suspend": suspend}
     obj: dict[str, Any] = {"apiVersion": "mtrl.dev/v1alpha1", "kind": "MultiTurnRLTrigger",
                            "metadata": {"name": "wordle", "namespace": "team-a",
                                         "generation": generation}, "spec": spec}
     if observed is not None:
-        status = decide.observe(MultiTurnRLTriggerStatus(),
+        status = reconcile_trigger.observe(MultiTurnRLTriggerStatus(),
                                 MultiTurnRLTriggerSpec.model_validate(spec), observed,
                                 runs or [], queue, problem, NOW)
         obj["status"] = status.wire()
     return obj
 
 
-# Every Ready state decide.observe writes (problem, provisioning, suspended, watching), and none.
+# Every Ready state reconcile_trigger.observe writes (problem, provisioning, suspended, watching), and none.
 STATES: dict[str, tuple[dict[str, Any], tuple[str, str]]] = {
     "no-status": (trigger(observed=None), ("Progressing", "Waiting for the operator")),
     "provisioning": (trigger(queue=None), ("Progressing", "Provisioning: setting up the queue and the "

@@ -35,7 +35,9 @@ _COMMITTED = re.compile(r"^(.*?)/?checkpoints/step-(\d{6,})/COMPLETE$")
 
 
 @dataclass
-class TrainerState:
+class CheckpointState:
+    """What a checkpoint keeps besides the adapter's weights (stored as a plain dict)."""
+
     step: int = 0
     optimizer: dict[str, Any] = field(default_factory=dict)
     rng: dict[str, Any] = field(default_factory=dict)
@@ -74,7 +76,7 @@ class CheckpointStore:
                 steps.append(int(match.group(1)))
         return sorted(steps)
 
-    def save(self, model: PeftModel, state: TrainerState) -> None:
+    def save(self, model: PeftModel, state: CheckpointState) -> None:
         step_dir = f"checkpoints/step-{state.step:06d}"
         with tempfile.TemporaryDirectory() as tmp:
             model.save_pretrained(tmp)
@@ -91,7 +93,7 @@ class CheckpointStore:
                  self._key(step_dir))
         self._prune()
 
-    def load_latest(self, model: PeftModel) -> TrainerState | None:
+    def load_latest(self, model: PeftModel) -> CheckpointState | None:
         """Load the newest committed checkpoint into `model`; None when there is none."""
         steps = self.committed_steps()
         if not steps:
@@ -106,7 +108,7 @@ class CheckpointStore:
         # Our own bucket wrote it; the state holds Python RNG tuples, not only tensors.
         raw = torch.load(io.BytesIO(self._get(self._key(step_dir, "trainer_state.pt"))),
                          weights_only=False)
-        return TrainerState(**raw)
+        return CheckpointState(**raw)
 
     def _prune(self) -> None:
         steps = self.committed_steps()

@@ -30,8 +30,8 @@ from mtrl_rollout.sqs import Sqs
 from mtrl_trainer import s3
 from mtrl_trainer.batch import Row, build_rows
 from mtrl_trainer.checkpoint import (
+    CheckpointState,
     CheckpointStore,
-    TrainerState,
     capture_rng,
     highest_checkpoint,
     restore_rng,
@@ -204,7 +204,7 @@ class Run:
             correction_threshold=grpo.rollout_correction.threshold,
         )
 
-    def _resume(self) -> TrainerState:
+    def _resume(self) -> CheckpointState:
         """This run's newest checkpoint (a retry of the run); else, when spec.output.resumeFrom
         is set, the highest-step checkpoint under it; else a fresh start."""
         output = self.config.spec.output
@@ -213,7 +213,7 @@ class Run:
             log.info("resumed from checkpoint at step %d", state.step)
             return state
         if output.resume_from is None:
-            return TrainerState()
+            return CheckpointState()
         found = highest_checkpoint(output.resume_from)
         if found is None:
             raise ConfigError(f"spec.output.resumeFrom: no committed checkpoint under "

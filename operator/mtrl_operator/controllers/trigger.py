@@ -32,7 +32,7 @@ from mtrl_operator.adapters.trigger_aws import NotificationQueue, Received, Trig
 from mtrl_operator.builders import triggers as build
 from mtrl_operator.errors import CloudError, SpecError, StaleCopy
 from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE, FINALIZER, TriggerNames
-from mtrl_operator.reconcile import trigger as decide
+from mtrl_operator.reconcile import trigger as reconcile_trigger
 from mtrl_operator.reconcile.notifications import MalformedNotification, ObjectEvent, parse
 from mtrl_operator.reconcile.trigger import QueueState, RunView
 from mtrl_operator.settings import Settings
@@ -187,7 +187,7 @@ class TriggerController:
         old, new = self._status(body).wire(), status.wire()
         if old != new:
             await self.kube.apply_status(meta["namespace"], meta["name"], new,
-                                         decide.CONDITION_TYPES, kind=KIND)
+                                         reconcile_trigger.CONDITION_TYPES, kind=KIND)
         self.statuses[meta["uid"]] = status
 
     def _mark_deleting(self, uid: str, name: str) -> None:
@@ -242,7 +242,7 @@ class TriggerController:
         generation = int(meta.get("generation") or 1)
         if spec is None:  # reported, and looked at again when the spec changes
             assert problem is not None
-            await self._publish(body, decide.invalid(self._status(body), generation, problem,
+            await self._publish(body, reconcile_trigger.invalid(self._status(body), generation, problem,
                                                      _now()))
             await self._stop_consumer(names.uid)
             return None
@@ -259,7 +259,7 @@ class TriggerController:
                 self.queue_states[names.uid] = queue
                 self.aws_checked[names.uid] = (generation, time.monotonic())
 
-        pruned = decide.prune(spec, self._run_views(names.uid))
+        pruned = reconcile_trigger.prune(spec, self._run_views(names.uid))
         for name in pruned:
             await self.kube.delete("MultiTurnRLRun", name, names.namespace)
             self._mark_deleting(names.uid, name)
@@ -269,7 +269,7 @@ class TriggerController:
                                   f"{', '.join(pruned)} (their outputs in S3 stay)", kind=KIND)
 
         before = self._status(body)
-        status = decide.observe(before, spec, generation, self._run_views(names.uid), queue,
+        status = reconcile_trigger.observe(before, spec, generation, self._run_views(names.uid), queue,
                                 problem, _now())
         await self._publish(body, status)
         if problem and not any(c.type == "Ready" and c.reason == problem[0]
@@ -403,16 +403,16 @@ class TriggerController:
             await self._dead_letter(batch, message, str(exc))
             return
         for obj in notification.objects:
-            admission = decide.admit(batch.spec, batch.status, batch.runs, obj, batch.names)
+            admission = reconcile_trigger.admit(batch.spec, batch.status, batch.runs, obj, batch.names)
             if admission.outcome == ObjectOutcome.CREATED:
                 admission = await self._create(batch, obj, admission)
             elif admission.outcome == ObjectOutcome.SKIPPED:
                 batch.event("Normal", "RunSkipped", f"{obj.uri}: {admission.reason}")
             metrics.TRIGGER_OBJECTS.labels(outcome=admission.outcome.value).inc()
-            batch.status = decide.record(batch.status, obj, admission, _now())
+            batch.status = reconcile_trigger.record(batch.status, obj, admission, _now())
 
     async def _create(self, batch: Batch, obj: ObjectEvent,
-                      admission: decide.Admission) -> decide.Admission:
+                      admission: reconcile_trigger.Admission) -> reconcile_trigger.Admission:
         assert admission.run is not None and admission.digest is not None
         names = batch.names
         for old in admission.replace:

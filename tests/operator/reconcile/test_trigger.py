@@ -19,7 +19,7 @@ from mtrl_api.trigger import (
 )
 from mtrl_operator.builders import triggers as build
 from mtrl_operator.naming import TriggerNames, object_hash
-from mtrl_operator.reconcile import trigger as decide
+from mtrl_operator.reconcile import trigger as reconcile_trigger
 from mtrl_operator.reconcile.notifications import (
     MalformedNotification,
     ObjectEvent,
@@ -143,7 +143,7 @@ def test_trigger_queues_carry_no_run_uid_tag() -> None:
 
 
 def test_new_object_creates_a_run() -> None:
-    admission = decide.admit(spec(), MultiTurnRLTriggerStatus(), [], obj(), NAMES)
+    admission = reconcile_trigger.admit(spec(), MultiTurnRLTriggerStatus(), [], obj(), NAMES)
     assert admission.outcome == ObjectOutcome.CREATED and admission.replace == ()
     assert admission.run == NAMES.run_name(object_hash("training-data/a.jsonl", "e1"))
 
@@ -155,17 +155,17 @@ def test_new_object_creates_a_run() -> None:
     (obj(event="ObjectRemoved:Delete"), "ObjectRemoved:Delete is not an object creation"),
 ], ids=["prefix", "suffix", "bucket", "deletion"])
 def test_objects_outside_the_source_are_filtered(event: ObjectEvent, reason: str) -> None:
-    admission = decide.admit(spec(), MultiTurnRLTriggerStatus(), [], event, NAMES)
+    admission = reconcile_trigger.admit(spec(), MultiTurnRLTriggerStatus(), [], event, NAMES)
     assert admission.outcome == ObjectOutcome.FILTERED and reason in admission.reason
     assert admission.run is None
 
 
 def test_a_known_object_is_a_duplicate_with_or_without_its_run() -> None:
-    first = decide.admit(spec(), MultiTurnRLTriggerStatus(), [], obj(), NAMES)
-    status = decide.record(MultiTurnRLTriggerStatus(), obj(), first, NOW)
-    assert decide.admit(spec(), status, [], obj(), NAMES).outcome == ObjectOutcome.DUPLICATE
+    first = reconcile_trigger.admit(spec(), MultiTurnRLTriggerStatus(), [], obj(), NAMES)
+    status = reconcile_trigger.record(MultiTurnRLTriggerStatus(), obj(), first, NOW)
+    assert reconcile_trigger.admit(spec(), status, [], obj(), NAMES).outcome == ObjectOutcome.DUPLICATE
     run = RunView(first.run or "", Phase.RUNNING, NOW)
-    again = decide.admit(spec(), MultiTurnRLTriggerStatus(), [run], obj(), NAMES)
+    again = reconcile_trigger.admit(spec(), MultiTurnRLTriggerStatus(), [run], obj(), NAMES)
     assert again.outcome == ObjectOutcome.DUPLICATE and first.run in again.reason
 
 
@@ -173,24 +173,24 @@ def test_forbid_skips_while_a_run_is_active_and_says_which() -> None:
     forbid = spec(concurrencyPolicy="Forbid")
     busy = [RunView("wordle-data-aaaa", Phase.RUNNING, NOW),
             RunView("wordle-data-bbbb", Phase.SUCCEEDED, NOW)]
-    admission = decide.admit(forbid, MultiTurnRLTriggerStatus(), busy, obj(), NAMES)
+    admission = reconcile_trigger.admit(forbid, MultiTurnRLTriggerStatus(), busy, obj(), NAMES)
     assert admission.outcome == ObjectOutcome.SKIPPED
     assert "Forbid" in admission.reason and "wordle-data-aaaa" in admission.reason
     assert "bbbb" not in admission.reason
     idle = [RunView("wordle-data-aaaa", Phase.FAILED, NOW),
             RunView("wordle-data-cccc", Phase.RUNNING, NOW, deleting=True)]
-    assert decide.admit(forbid, MultiTurnRLTriggerStatus(), idle, obj(),
+    assert reconcile_trigger.admit(forbid, MultiTurnRLTriggerStatus(), idle, obj(),
                         NAMES).outcome == ObjectOutcome.CREATED
 
 
 def test_replace_names_the_active_runs_and_allow_keeps_them() -> None:
     runs = [RunView("wordle-data-aaaa", Phase.PENDING, NOW),
             RunView("wordle-data-bbbb", Phase.FAILED, NOW)]
-    replaced = decide.admit(spec(concurrencyPolicy="Replace"), MultiTurnRLTriggerStatus(), runs,
+    replaced = reconcile_trigger.admit(spec(concurrencyPolicy="Replace"), MultiTurnRLTriggerStatus(), runs,
                             obj(), NAMES)
     assert replaced.outcome == ObjectOutcome.CREATED
     assert replaced.replace == ("wordle-data-aaaa",)
-    allowed = decide.admit(spec(), MultiTurnRLTriggerStatus(), runs, obj(), NAMES)
+    allowed = reconcile_trigger.admit(spec(), MultiTurnRLTriggerStatus(), runs, obj(), NAMES)
     assert allowed.outcome == ObjectOutcome.CREATED and allowed.replace == ()
 
 
@@ -198,7 +198,8 @@ def test_record_keeps_bounded_lists_and_counts_created_runs() -> None:
     status = MultiTurnRLTriggerStatus()
     for i in range(PROCESSED_OBJECTS_MAX + 5):
         event = obj(key=f"training-data/{i}.jsonl")
-        status = decide.record(status, event, decide.admit(spec(), status, [], event, NAMES), NOW)
+        admission = reconcile_trigger.admit(spec(), status, [], event, NAMES)
+        status = reconcile_trigger.record(status, event, admission, NOW)
     assert len(status.recent_objects) == RECENT_OBJECTS_MAX
     assert status.recent_objects[-1].key == f"training-data/{PROCESSED_OBJECTS_MAX + 4}.jsonl"
     assert len(status.processed_objects) == PROCESSED_OBJECTS_MAX
@@ -209,7 +210,7 @@ def test_record_keeps_bounded_lists_and_counts_created_runs() -> None:
 
 def test_filtered_objects_are_shown_but_not_remembered() -> None:
     event = obj(key="other/a.jsonl")
-    status = decide.record(MultiTurnRLTriggerStatus(), event,
+    status = reconcile_trigger.record(MultiTurnRLTriggerStatus(), event,
                            Admission(ObjectOutcome.FILTERED, reason="outside"), NOW)
     assert status.recent_objects[0].outcome == ObjectOutcome.FILTERED
     assert status.processed_objects == [] and status.runs_created == 0
@@ -229,9 +230,9 @@ def test_prune_keeps_the_newest_finished_runs_per_outcome() -> None:
             _finished("f2", Phase.FAILED, 2), _finished("f0", Phase.FAILED, 0, deleting=True),
             RunView("live", Phase.RUNNING, NOW)]
     limits = spec(successfulRunsHistoryLimit=2, failedRunsHistoryLimit=1)
-    assert decide.prune(limits, runs) == ["s1", "f1"]
+    assert reconcile_trigger.prune(limits, runs) == ["s1", "f1"]
     nothing = spec(successfulRunsHistoryLimit=0, failedRunsHistoryLimit=0)
-    assert sorted(decide.prune(nothing, runs)) == ["f1", "f2", "s1", "s2", "s3"]
+    assert sorted(reconcile_trigger.prune(nothing, runs)) == ["f1", "f2", "s1", "s2", "s3"]
 
 
 def test_run_view_reads_the_watch_object() -> None:
@@ -258,7 +259,7 @@ def test_ready_condition(trigger: MultiTurnRLTriggerSpec, queue: QueueState | No
                          problem: tuple[str, str] | None, ready: str, reason: str) -> None:
     runs = [RunView("b", Phase.RUNNING, NOW), RunView("a", Phase.PENDING, NOW),
             RunView("c", Phase.SUCCEEDED, NOW)]
-    status = decide.observe(MultiTurnRLTriggerStatus(), trigger, 4, runs, queue, problem, NOW)
+    status = reconcile_trigger.observe(MultiTurnRLTriggerStatus(), trigger, 4, runs, queue, problem, NOW)
     (condition,) = status.conditions
     assert (condition.status, condition.reason, condition.observed_generation) == (ready, reason, 4)
     assert status.active == ["a", "b"] and status.active_count == 2
@@ -266,8 +267,8 @@ def test_ready_condition(trigger: MultiTurnRLTriggerSpec, queue: QueueState | No
 
 
 def test_observe_changes_nothing_when_nothing_changed() -> None:
-    first = decide.observe(MultiTurnRLTriggerStatus(), spec(), 1, [], QUEUE, None, NOW)
-    later = decide.observe(first, spec(), 1, [], QUEUE, None, NOW + dt.timedelta(hours=1))
+    first = reconcile_trigger.observe(MultiTurnRLTriggerStatus(), spec(), 1, [], QUEUE, None, NOW)
+    later = reconcile_trigger.observe(first, spec(), 1, [], QUEUE, None, NOW + dt.timedelta(hours=1))
     assert later.wire() == first.wire()  # so no status write
 
 
