@@ -167,6 +167,11 @@ class ModelSpec(ApiModel):
 
 
 class Toleration(ApiModel):
+    model_config = ApiModel.model_config | {"json_schema_extra": rules(rule(
+        "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+        "value must be empty when operator is Exists (Kubernetes refuses such a pod)",
+        field_path=".value"))}
+
     key: Annotated[str, Field(max_length=253, pattern=_QUALIFIED_KEY.replace("\\\\", "\\"))] | None = None
     """Taint key the toleration applies to; empty with operator Exists matches all."""
     operator: Literal["Exists", "Equal"] = "Equal"
@@ -205,6 +210,13 @@ class EnvVar(ApiModel):
 
 
 class Resources(ApiModel):
+    model_config = ApiModel.model_config | {"json_schema_extra": rules(rule(
+        "!has(self.requests) || !has(self.limits) || self.requests.all(k, !(k in self.limits) "
+        "|| !isQuantity(self.requests[k]) || !isQuantity(self.limits[k]) "
+        "|| quantity(self.requests[k]).compareTo(quantity(self.limits[k])) <= 0)",
+        "a request may not exceed its limit (Kubernetes refuses such a pod)",
+        field_path=".requests"))}
+
     requests: dict[str, Quantity] = Field(default_factory=dict, max_length=16,
                                           json_schema_extra=_KEYS_QUALIFIED)
     """Extra resource requests per trainer pod (e.g. cpu, memory). GPUs and EFA come from
@@ -323,7 +335,8 @@ class GrpoSpec(ApiModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     """Nucleus sampling threshold for rollouts. Default 1.0 (off)."""
     max_new_tokens: int = Field(512, ge=1, le=131072)
-    """Most tokens the policy generates in one turn. Default 512."""
+    """Most tokens the policy generates in one turn; at most model.maxSequenceLength. Default
+    512."""
     gradient_accumulation_steps: int = Field(1, ge=1, le=1024)
     """Micro-batches accumulated into one optimizer step. Default 1."""
     max_steps_off_policy: int = Field(0, ge=0, le=8)
@@ -437,6 +450,19 @@ class WorkersSpec(ApiModel):
              f"for ecs-fargate, cpu must be one of {', '.join(map(str, FARGATE_MEMORY_MIB))}",
              field_path=".cpu"),
         *_fargate_memory_rules(),
+        # Settings of the backend not chosen would be ignored without a word.
+        rule("self.backend != 'ecs-fargate' || !has(self.kubernetes) || "
+             "(!has(self.kubernetes.serviceAccountName) && (!has(self.kubernetes.nodeSelector) "
+             "|| size(self.kubernetes.nodeSelector) == 0))",
+             "kubernetes settings apply to backend kubernetes; with ecs-fargate they would be "
+             "ignored", field_path=".kubernetes"),
+        rule("self.backend != 'kubernetes' || !has(self.ecs) || (!has(self.ecs.cluster) "
+             "&& !has(self.ecs.taskRoleArn) && !has(self.ecs.executionRoleArn) "
+             "&& !has(self.ecs.logGroup) && (!has(self.ecs.subnets) || size(self.ecs.subnets) == 0) "
+             "&& (!has(self.ecs.securityGroups) || size(self.ecs.securityGroups) == 0) "
+             "&& (!has(self.ecs.assignPublicIp) || !self.ecs.assignPublicIp))",
+             "ecs settings apply to backend ecs-fargate; with kubernetes they would be ignored",
+             field_path=".ecs"),
     )}
 
     backend: WorkerBackend = WorkerBackend.ECS_FARGATE
@@ -628,6 +654,13 @@ _IMMUTABLE_AFTER_START = ("model", "grpo", "rollout", "reward", "dataset", "outp
 
 
 class MultiTurnRLRunSpec(ApiModel):
+    model_config = ApiModel.model_config | {"json_schema_extra": rules(rule(
+        "!has(self.model) || !has(self.grpo) || !has(self.grpo.maxNewTokens) "
+        "|| !has(self.model.maxSequenceLength) "
+        "|| self.grpo.maxNewTokens <= self.model.maxSequenceLength",
+        "maxNewTokens may not exceed model.maxSequenceLength (one turn must fit the episode)",
+        field_path=".grpo.maxNewTokens"))}
+
     model: ModelSpec
     """Base model and LoRA adapter."""
     trainer: TrainerSpec = Field(default_factory=TrainerSpec)

@@ -138,13 +138,34 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
      "spec.rollout.maxEpisodesInFlight"),
     ("policy-rate-zero", {"rollout": {"maxPolicyRequestsPerSecond": 0}},
      "spec.rollout.maxPolicyRequestsPerSecond"),
+    # refused by Kubernetes or the trainer only later, or silently ignored (issue 25)
+    ("max-new-tokens-above-sequence", {"grpo": {"maxNewTokens": 512}},  # maxSequenceLength 256
+     "spec.grpo.maxNewTokens"),
+    ("request-above-limit", {"trainer": {"resources": {"requests": {"memory": "2Gi"},
+                                                       "limits": {"memory": "1Gi"}}}},
+     "spec.trainer.resources.requests"),
+    ("toleration-exists-with-value", {"trainer": {"tolerations": [
+        {"key": "pool", "operator": "Exists", "value": "gpu"}]}},
+     "spec.trainer.tolerations[0].value"),
+    ("ecs-settings-with-kubernetes-backend", {"workers": {"ecs": {"cluster": "rl-workers"}}},
+     "spec.workers.ecs"),
+    ("kubernetes-settings-with-ecs-backend", {"workers": {
+        "backend": "ecs-fargate", "cpu": 256, "memory": 512,
+        "kubernetes": {"serviceAccountName": "rl-worker"}}}, "spec.workers.kubernetes"),
 ]
 
 # Well-formed values of the same fields: the rules above must not refuse them.
 VALID: list[tuple[str, dict[str, Any]]] = [
     ("quantities", {"trainer": {"shmSize": "1.5Gi", "resources": {
-        "requests": {"cpu": "500m", "memory": "512M", "ephemeral-storage": "1e9"},
-        "limits": {"cpu": "2", "memory": "0.5Ki"}}}}),
+        "requests": {"cpu": "500m", "memory": "0.5Ki", "ephemeral-storage": "1e9"},
+        "limits": {"cpu": "2", "memory": "512M"}}}}),
+    ("request-equal-to-limit-in-other-units", {"trainer": {"resources": {
+        "requests": {"memory": "1Gi", "example.com/dongle": "1"},
+        "limits": {"memory": "1024Mi", "example.com/dongle": "1"}}}}),
+    ("toleration-exists-without-value", {"trainer": {"tolerations": [
+        {"key": "pool", "operator": "Exists", "effect": "NoSchedule"}]}}),
+    ("kubernetes-settings-with-kubernetes-backend", {"workers": {"kubernetes": {
+        "serviceAccountName": "rl-worker", "nodeSelector": {"fargate": "true"}}}}),
     ("fargate-sizes", {"workers": {"backend": "ecs-fargate", "cpu": 512, "memory": 3072, "ecs": {
         "subnets": ["subnet-0a1b2c3d", "subnet-0a1b2c3d4e5f60718"],
         "securityGroups": ["sg-0123456789abcdef0"],

@@ -182,12 +182,13 @@ def test_values_unusable_in_child_objects_are_refused_by_the_schema(
 
 def test_a_child_object_kubernetes_refuses_fails_the_run(
         cluster: LocalCluster, operator_factory: Callable[..., OperatorProcess]) -> None:
-    """The backstop for what the schema cannot see: limits below requests pass the CRD but
-    Kubernetes refuses the trainer Job (422). The run fails with that reason and leaks nothing."""
+    """The backstop for what the schema cannot see: an extended resource requested without a
+    limit passes the CRD, but Kubernetes refuses the trainer Job (422: extended resources are
+    not overcommitted). The run fails with that reason and leaks nothing."""
     namespace = f"ru-child-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", namespace)
     operator_factory(MTRL_OPERATOR_ID="refused-child", MTRL_NAMESPACES=namespace)
-    resources = {"requests": {"memory": "2Gi"}, "limits": {"memory": "1Gi"}}
+    resources = {"requests": {"example.com/dongle": "1"}}
     code, text = _create(cluster, namespace, run_manifest("refused", trainer={
         "resources": resources}), dry_run=False)
     assert code == 0, text
