@@ -50,6 +50,15 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "too-many-gpus": ({"trainer": {"gpusPerNode": 16}}, "InsufficientResources",
                       "spec.trainer.gpusPerNode asks for 16 nvidia.com/gpu per node; nodes of "
                       "ml.p5.48xlarge have at most 8"),
+    # Everything wrong is told at once: a user fixing a new spec applies it once.
+    "three-problems": ({"output": {"s3Uri": "s3://mtrl-no-such-bucket/runs"},
+                        "dataset": {"s3": {"trainUri": f"s3://{DATA_BUCKET}/data/missing.jsonl"}},
+                        "trainer": {"gpusPerNode": 16}}, "BucketNotFound",
+                       "spec.output.s3Uri: S3 bucket 'mtrl-no-such-bucket' does not exist "
+                       "(s3://mtrl-no-such-bucket/runs) (and 2 more: spec.dataset.s3.trainUri: "
+                       f"no S3 object s3://{DATA_BUCKET}/data/missing.jsonl; "
+                       "spec.trainer.gpusPerNode asks for 16 nvidia.com/gpu per node; nodes of "
+                       "ml.p5.48xlarge have at most 8"),
 }
 
 

@@ -12,6 +12,7 @@ from mtrl_operator.reconcile.preflight import (
     nodes_problem,
     s3_lookups,
     s3_problem,
+    verdict,
 )
 from mtrl_operator.settings import Settings
 
@@ -27,26 +28,30 @@ def due(status: MultiTurnRLRunStatus, deleting: bool) -> bool:
 
 async def preflight(spec: MultiTurnRLRunSpec, settings: Settings, aws: Aws, kube: Kube,
                     ecs_cluster: str) -> tuple[tuple[str, str] | None, str]:
-    """(reason, message) of the first check that fails, or None and what was checked."""
+    """(reason, message) naming every check that failed, the first leading, or None and what
+    was checked."""
+    problems: list[tuple[str, str]] = []
     checked, notes = ["S3 locations"], []
     for lookup in s3_lookups(spec):
         found = await aws.s3_find(lookup.bucket, lookup.prefix, lookup.whole_key)
         if (problem := s3_problem(lookup, found)) is not None:
-            return problem, ""
-        if found == Found.DENIED:
+            problems.append(problem)
+        elif found == Found.DENIED:
             notes.append(f"{lookup.field} not checked (the operator may not list bucket "
                          f"{lookup.bucket!r})")
     if spec.workers.backend == WorkerBackend.ECS_FARGATE:
         described = await aws.describe_cluster(ecs_cluster)
         if (problem := ecs_cluster_problem(ecs_cluster, aws.region, described)) is not None:
-            return problem, ""
+            problems.append(problem)
         checked.append(f"ECS cluster {ecs_cluster!r}")
     if settings.preflight_nodes:
         nodes = await kube.nodes()
         if nodes is None:
             notes.append("nodes not checked (the operator may not list nodes)")
         elif (problem := nodes_problem(spec, nodes)) is not None:
-            return problem, ""
+            problems.append(problem)
         else:
             checked.append(f"nodes of {spec.trainer.instance_type}")
+    if problems:
+        return verdict(problems), ""
     return None, "; ".join([f"checked {', '.join(checked)}", *notes])

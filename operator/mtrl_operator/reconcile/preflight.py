@@ -135,3 +135,15 @@ def nodes_problem(spec: MultiTurnRLRunSpec, nodes: list[dict[str, Any]]) -> tupl
         return ("NotEnoughNodes", f"spec.trainer.nodes asks for {trainer.nodes} nodes of "
                                   f"{wanted}; the cluster has {len(fitting)}")
     return None
+
+
+def verdict(problems: list[tuple[str, str]]) -> tuple[str, str] | None:
+    """What preflight found, as the run's (reason, message): the first problem's reason, its
+    sentence, and every other problem after it, so that one apply tells the user all there
+    is to fix (the message leads with the first and counts the rest)."""
+    if not problems:
+        return None
+    (reason, first), rest = problems[0], [message for _, message in problems[1:]]
+    if not rest:
+        return reason, first
+    return reason, f"{first} (and {len(rest)} more: {'; '.join(rest)})"

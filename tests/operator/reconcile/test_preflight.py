@@ -15,6 +15,7 @@ from mtrl_operator.reconcile.preflight import (
     nodes_problem,
     s3_lookups,
     s3_problem,
+    verdict,
 )
 from mtrl_operator.reconcile.run import Act, decide
 from tests.operator.reconcile.test_run import NOW, observed
@@ -136,3 +137,14 @@ def test_a_passed_preflight_is_a_condition_and_a_failed_one_fails_before_anythin
     assert (preflight.status, preflight.reason) == ("False", "BucketNotFound")
     assert d.status.phase == Phase.FAILED and d.status.completion_time == NOW
     assert Act.ENSURE_QUEUES not in d.actions and Act.ENSURE_TRAINER not in d.actions
+
+
+def test_every_problem_is_told_at_once_the_first_leading() -> None:
+    assert verdict([]) is None
+    assert verdict([("BucketNotFound", "spec.output.s3Uri: no bucket")]) == \
+        ("BucketNotFound", "spec.output.s3Uri: no bucket")
+    assert verdict([("BucketNotFound", "spec.output.s3Uri: no bucket"),
+                    ("ObjectNotFound", "spec.dataset.s3.trainUri: no object"),
+                    ("NotEnoughNodes", "spec.trainer.nodes: two asked, one there")]) == (
+        "BucketNotFound", "spec.output.s3Uri: no bucket (and 2 more: spec.dataset.s3.trainUri: "
+                          "no object; spec.trainer.nodes: two asked, one there)")
