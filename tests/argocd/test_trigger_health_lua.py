@@ -1,5 +1,5 @@
 """The Argo CD health check for MultiTurnRLTrigger, run as Argo CD runs it (tests/argocd/luacheck.py),
-over statuses the operator's own decision function (`triggers.reconcile_trigger.observe`) writes."""
+over statuses the operator's own decision function (`mtrl_operator.reconcile.trigger.observe`) writes."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def trigger(queue: QueueState | None = QUEUE, problem: tuple[str, str] | None = 
     return obj
 
 
-# Every Ready state reconcile_trigger.observe writes (problem, provisioning, suspended, watching), and none.
+# Every Ready state reconcile_trigger.observe writes (problem, provisioning, suspended,
+# watching), and none.
 STATES: dict[str, tuple[dict[str, Any], tuple[str, str]]] = {
     "no-status": (trigger(observed=None), ("Progressing", "Waiting for the operator")),
     "provisioning": (trigger(queue=None), ("Progressing", "Provisioning: setting up the queue and the "

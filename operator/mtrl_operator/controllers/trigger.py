@@ -242,8 +242,8 @@ class TriggerController:
         generation = int(meta.get("generation") or 1)
         if spec is None:  # reported, and looked at again when the spec changes
             assert problem is not None
-            await self._publish(body, reconcile_trigger.invalid(self._status(body), generation, problem,
-                                                     _now()))
+            await self._publish(body, reconcile_trigger.invalid(
+                self._status(body), generation, problem, _now()))
             await self._stop_consumer(names.uid)
             return None
         queue = self.queue_states.get(names.uid)
@@ -269,8 +269,8 @@ class TriggerController:
                                   f"{', '.join(pruned)} (their outputs in S3 stay)", kind=KIND)
 
         before = self._status(body)
-        status = reconcile_trigger.observe(before, spec, generation, self._run_views(names.uid), queue,
-                                problem, _now())
+        status = reconcile_trigger.observe(before, spec, generation,
+                                           self._run_views(names.uid), queue, problem, _now())
         await self._publish(body, status)
         if problem and not any(c.type == "Ready" and c.reason == problem[0]
                                for c in before.conditions):
@@ -403,7 +403,8 @@ class TriggerController:
             await self._dead_letter(batch, message, str(exc))
             return
         for obj in notification.objects:
-            admission = reconcile_trigger.admit(batch.spec, batch.status, batch.runs, obj, batch.names)
+            admission = reconcile_trigger.admit(batch.spec, batch.status, batch.runs, obj,
+                                                batch.names)
             if admission.outcome == ObjectOutcome.CREATED:
                 admission = await self._create(batch, obj, admission)
             elif admission.outcome == ObjectOutcome.SKIPPED:
