@@ -11,12 +11,14 @@ import logging
 import sys
 
 CLIENT_LOGGERS = ("httpx", "httpx2", "httpcore", "hpack", "botocore", "urllib3", "aiohttp.access")
+# HyperPod's log monitoring reads the trainer's step lines in this format (builders/trainer.py,
+# STEP_LOG_PATTERN).
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def configure(level: str) -> None:
     """Log at `level` to stderr; HTTP clients log their requests only when `level` is DEBUG."""
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=FORMAT)
     clients = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
     for name in CLIENT_LOGGERS:
         logging.getLogger(name).setLevel(clients)

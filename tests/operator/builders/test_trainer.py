@@ -19,6 +19,7 @@ from mtrl_operator.builders.trainer import (
     workload,
 )
 from mtrl_operator.naming import RunNames
+from mtrl_rollout import logs
 
 REPO = Path(__file__).resolve().parents[3]
 OWNER = {"apiVersion": "mtrl.dev/v1alpha1", "kind": "MultiTurnRLRun", "name": "wordle",
@@ -106,12 +107,11 @@ def _source_strings(path: str, pattern: str) -> list[str]:
 
 
 def test_the_step_pattern_matches_every_ranks_step_line() -> None:
-    """The trainer's log format and step messages, read from its source, formatted as its
-    logging prints them: every rank's line must match HyperPod's rule."""
-    [fmt] = _source_strings("trainer/mtrl_trainer/__main__.py", r'format="([^"]+)"')
+    """The trainer's log format and step messages (these read from its source), formatted as
+    its logging prints them: every rank's line must match HyperPod's rule."""
     messages = _source_strings("trainer/mtrl_trainer/loop.py", r'log\.info\("(step %d/%d[^"]*)"')
     assert len(messages) == 2, messages  # the leader's and the followers'
-    formatter = logging.Formatter(fmt)
+    formatter = logging.Formatter(logs.FORMAT)
     for message in messages:
         args = tuple(1.5 if spec_ == "%.4f" or spec_ == "%.1f" else 3 if spec_ == "%d" else "x"
                      for spec_ in re.findall(r"%[.\d]*[dfs]", message))
