@@ -185,13 +185,15 @@ class Kube:
 
     @mutating("remove {finalizer} from {namespace}/{name}")
     async def remove_finalizer(self, namespace: str, name: str, finalizers: list[str],
-                               finalizer: str) -> dict[str, Any] | None:
-        """Remove `finalizer` from a run whose finalizers are still `finalizers`. The condition
-        is a JSON-patch test of that list, not the resourceVersion, which our own status writes
-        move on: a teardown must not wait for their echo. Returns the new metadata, None when
-        the run is gone; raises StaleCopy when the list changed meanwhile."""
+                               finalizer: str,
+                               kind: str = "MultiTurnRLRun") -> dict[str, Any] | None:
+        """Remove `finalizer` from a run or trigger whose finalizers are still `finalizers`. The
+        condition is a JSON-patch test of that list, not the resourceVersion, which our own
+        status writes move on: a teardown must not wait for their echo. Returns the new
+        metadata, None when the object is gone; raises StaleCopy when the list changed
+        meanwhile."""
         try:
-            obj = await self.client.patch(MultiTurnRLRun, name, [
+            obj = await self.client.patch(KINDS[kind], name, [
                 {"op": "test", "path": "/metadata/finalizers", "value": finalizers},
                 {"op": "replace", "path": "/metadata/finalizers",
                  "value": [f for f in finalizers if f != finalizer]},

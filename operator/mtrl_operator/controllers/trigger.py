@@ -304,9 +304,8 @@ class TriggerController:
                 if bucket:
                     await self.aws.remove_notification(bucket, names.notification_id)
                 await self.aws.delete_queues(names)
-        await self.kube.set_finalizers(names.namespace, names.name,
-                                       [f for f in finalizers if f != FINALIZER],
-                                       meta["resourceVersion"], kind=KIND)
+        await self.kube.remove_finalizer(names.namespace, names.name, finalizers, FINALIZER,
+                                         kind=KIND)
 
     # ------------------------------------------------------------------ consuming
 

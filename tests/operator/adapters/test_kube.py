@@ -15,6 +15,7 @@ from mtrl_operator.errors import NotServed, StaleCopy
 from mtrl_operator.reconcile.run import CONDITION_TYPES
 from mtrl_testbed.cluster import LocalCluster
 from tests.operator.runs import apply, get, run_manifest
+from tests.operator.triggers import trigger_manifest
 
 pytestmark = [pytest.mark.cluster]
 
@@ -90,3 +91,35 @@ async def test_a_kind_that_is_not_served_says_so(kube: Kube, quiet_namespace: st
                 pass
     finally:
         del kube_module.KINDS["Unserved"]
+
+
+@pytest.mark.parametrize("kind", ["MultiTurnRLRun", "MultiTurnRLTrigger"])
+async def test_a_finalizer_goes_only_from_the_list_as_it_was_seen_whatever_the_version(
+        cluster: LocalCluster, quiet_namespace: str, kube: Kube, kind: str) -> None:
+    """Runs and triggers alike: the removal is conditioned on the finalizer list, not on the
+    resourceVersion, which the operator's own status writes move on."""
+    ns = quiet_namespace
+    manifest = run_manifest("held") if kind == "MultiTurnRLRun" else \
+        trigger_manifest("held", "some-bucket")
+    cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
+    meta = await kube.set_finalizers(ns, "held", ["mtrl.dev/a", "mtrl.dev/b"],
+                                     _version(cluster, ns, kind), kind=kind)
+    assert meta is not None
+    # Our own status write moves the resourceVersion on; the removal does not mind.
+    before = _version(cluster, ns, kind)
+    await kube.apply_status(ns, "held", {"phase": "Running"} if kind == "MultiTurnRLRun"
+                            else {"runsCreated": 3}, CONDITION_TYPES, kind=kind)
+    assert _version(cluster, ns, kind) != before
+    with pytest.raises(StaleCopy):  # someone else changed the list meanwhile
+        await kube.remove_finalizer(ns, "held", ["mtrl.dev/a"], "mtrl.dev/a", kind=kind)
+    meta = await kube.remove_finalizer(ns, "held", ["mtrl.dev/a", "mtrl.dev/b"], "mtrl.dev/a",
+                                       kind=kind)
+    assert meta is not None and meta["finalizers"] == ["mtrl.dev/b"]
+    await kube.remove_finalizer(ns, "held", ["mtrl.dev/b"], "mtrl.dev/b", kind=kind)
+    assert await kube.remove_finalizer(ns, "never-was", [], "mtrl.dev/b", kind=kind) is None
+
+
+def _version(cluster: LocalCluster, namespace: str, kind: str) -> str:
+    out = cluster.kubectl("get", kind.lower(), "held", "-n", namespace, "-o",
+                          "jsonpath={.metadata.resourceVersion}")
+    return out.stdout.strip()
