@@ -17,6 +17,7 @@ def line_chart(points: list[Point], path: Path, *, title: str, ylabel: str,
     `path` as a PNG of `size` pixels."""
     try:
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise CliError("writing a PNG needs matplotlib: pip install 'mtrl[plots]'") from None
     fig = Figure(figsize=(size[0] / DPI, size[1] / DPI), dpi=DPI)
@@ -24,6 +25,7 @@ def line_chart(points: list[Point], path: Path, *, title: str, ylabel: str,
     ax.plot([s for s, _ in points], [v for _, v in points], color="tab:blue",
             marker="o" if len(points) <= 50 else None)
     ax.set(xlabel="step", ylabel=ylabel, title=title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, format="png")
