@@ -22,3 +22,7 @@ EPISODES_FAILED_PREFIX = "episodes failed:"
 # A trainer stopped by SIGTERM (suspend, delete, a node drain, an eviction, a preemption)
 # saves a checkpoint at the step it was on and exits with 128 + SIGTERM, as a shell does.
 TERMINATED_EXIT_CODE = 143
+
+# HTTP clients' loggers: one line per request at INFO, which the operator, the trainer and the
+# workers all keep out of their logs unless asked for DEBUG.
+CLIENT_LOGGERS = ("httpx", "httpx2", "httpcore", "botocore", "urllib3", "aiohttp.access")

@@ -6,6 +6,8 @@ import json
 import logging
 from datetime import UTC, datetime
 
+from mtrl_api import CLIENT_LOGGERS
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -35,6 +37,5 @@ def configure(fmt: str, level: int = logging.INFO) -> None:
     root.setLevel(level)
     # kopf.objects says "Handler 'run_event' succeeded." for every watch event of every run:
     # most of the log at scale, and none of it news. Its warnings and errors still show.
-    for noisy in ("httpx", "httpx2", "httpcore", "botocore", "urllib3", "aiohttp.access",
-                  "kopf.objects"):
+    for noisy in (*CLIENT_LOGGERS, "kopf.objects"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import sys
 
-CLIENT_LOGGERS = ("httpx", "httpx2", "httpcore", "hpack", "botocore", "urllib3", "aiohttp.access")
+from mtrl_api import CLIENT_LOGGERS
+
 # HyperPod's log monitoring reads the trainer's step lines in this format (builders/trainer.py,
 # STEP_LOG_PATTERN).
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
