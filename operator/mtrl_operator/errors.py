@@ -28,6 +28,10 @@ class NotServed(Exception):
     """The API server serves no such kind (its CRD is not installed, or not yet)."""
 
 
+class NotPermitted(Exception):
+    """The operator's role does not allow the read (HTTP 403)."""
+
+
 class CloudError(Exception):
     """An AWS call failed in a way worth showing on the object: `reason` for its condition,
     the message naming the call and AWS's own code and words."""

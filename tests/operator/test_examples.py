@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from mtrl_api.run import MultiTurnRLRunSpec
-from mtrl_operator.reconcile.observe import spec_problem
+from mtrl_operator.reconcile.readings import spec_problem
 from mtrl_operator.settings import Settings
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.moto import MotoServer

@@ -118,11 +118,12 @@ to objects the operator owns. */}}
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, list, watch, create, patch]
-# A failed trainer's pods, read for their termination message (the trainer's own words), and
-# the failed container's log tail, kept in a ConfigMap before the workload goes.
+# The runs' pods, watched (label-selected): a failed trainer's termination message (its own
+# words), a pending trainer's scheduling, crash-looping workers; and the failed container's log
+# tail, kept in a ConfigMap before the workload goes.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list]
+  verbs: [list, watch]
 - apiGroups: [""]
   resources: [pods/log]
   verbs: [get]

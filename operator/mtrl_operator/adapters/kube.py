@@ -25,7 +25,7 @@ from lightkube.types import CascadeType, PatchType
 from mtrl_api import API_VERSION, GROUP, VERSION
 from mtrl_operator import metrics
 from mtrl_operator.adapters.mutations import mutating
-from mtrl_operator.errors import FatalConfig, NotServed, SpecError, StaleCopy
+from mtrl_operator.errors import FatalConfig, NotPermitted, NotServed, SpecError, StaleCopy
 
 log = logging.getLogger("mtrl.kube")
 FIELD_MANAGER = "mtrl-operator"
@@ -43,6 +43,7 @@ KINDS: dict[str, Any] = {
     "MultiTurnRLRun": MultiTurnRLRun, "MultiTurnRLTrigger": MultiTurnRLTrigger, "Job": Job,
     "PyTorchJob": PyTorchJob, "HyperPodPyTorchJob": HyperPodPyTorchJob,
     "Deployment": Deployment, "ConfigMap": ConfigMap, "Service": Service, "Pod": Pod,
+    "Node": Node,
 }
 
 
@@ -206,12 +207,6 @@ class Kube:
             raise
         return dict(_dict(obj)["metadata"])
 
-    async def labelled(self, kind: str, namespace: str,
-                       labels: dict[str, Any]) -> list[dict[str, Any]]:
-        """Objects of `kind` in `namespace` carrying `labels`, read from the server."""
-        return [_dict(obj) async for obj in
-                self.client.list(KINDS[kind], namespace=namespace, labels=labels)]
-
     async def pod_log(self, name: str, namespace: str, container: str,
                       tail_lines: int) -> str | None:
         """The tail of a container's log (pods/log, as `kubectl logs --tail`); None when the
@@ -221,15 +216,6 @@ class Kube:
                 name, namespace=namespace, container=container, tail_lines=tail_lines)])
         except (ApiError, httpx.HTTPStatusError) as exc:
             if _status_code(exc) in (400, 404):
-                return None
-            raise
-
-    async def nodes(self) -> list[dict[str, Any]] | None:
-        """Every node, read from the server; None when the operator may not list them."""
-        try:
-            return [_dict(node) async for node in self.client.list(Node)]
-        except (ApiError, httpx.HTTPStatusError) as exc:
-            if _status_code(exc) == 403:
                 return None
             raise
 
@@ -285,16 +271,20 @@ class Kube:
                              namespace: str) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
         """An informer's stream: first ("LISTED", every object), then ("ADDED" | "MODIFIED" |
         "DELETED", [object]) from the list's resourceVersion on, until the watch ends (a cut
-        stream, a version too old) or fails; raises NotServed when the kind is not served."""
+        stream, a version too old) or fails; raises NotServed when the kind is not served and
+        NotPermitted when the operator may not list it. `namespace` "" for cluster-wide kinds."""
+        where = namespace or None
         try:
-            listing = self.client.list(KINDS[kind], namespace=namespace, labels=labels)
+            listing = self.client.list(KINDS[kind], namespace=where, labels=labels)
             objs = [_dict(obj) async for obj in listing]
             yield "LISTED", objs
             async for event, obj in self.client.watch(
-                    KINDS[kind], namespace=namespace, labels=labels, server_timeout=240,
+                    KINDS[kind], namespace=where, labels=labels, server_timeout=240,
                     resource_version=listing.resourceVersion):
                 yield event, [_dict(obj)]
         except Exception as exc:
             if _status_code(exc) == 404:
                 raise NotServed(kind) from exc
+            if _status_code(exc) == 403:
+                raise NotPermitted(kind) from exc
             raise

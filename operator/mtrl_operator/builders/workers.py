@@ -67,7 +67,7 @@ def run_task_requests(names: RunNames, spec: MultiTurnRLRunSpec, task_definition
     token so a repeated call after a crash is recognisable. `placement` (shortfalls so far,
     from the status) changes the tokens of a retry after a shortfall: ECS answers a token it
     has seen with its first answer, and a retry must be a new request. (A run without subnets
-    or security groups never gets here: `reconcile.observe.spec_problem` fails it first.)"""
+    or security groups never gets here: `reconcile.readings.spec_problem` fails it first.)"""
     requests = []
     for i in range(0, missing, RUN_TASK_BATCH):
         batch = first_batch + i // RUN_TASK_BATCH

@@ -1,5 +1,7 @@
 """The runs' children, cached from label-selected watches: trainer workloads, worker
-Deployments and progress ConfigMaps, by the UID of the run that owns them.
+Deployments, progress ConfigMaps and the pods of both, by the UID of the run that owns them;
+and the cluster's nodes, for preflight. A reconcile reads these and lists nothing itself, so its
+cost stays flat however many runs there are (docs/scale.md).
 
 Each watch is an informer: list, then watch from the list's version; when the watch ends, list
 again, and a fresh list is the truth for its kind and namespace. Until every watch has listed
@@ -15,14 +17,17 @@ from collections.abc import Callable
 from typing import Any
 
 from mtrl_operator.adapters.kube import Kube
-from mtrl_operator.errors import NotServed
+from mtrl_operator.errors import NotPermitted, NotServed
 from mtrl_operator.naming import LABEL_COMPONENT, LABEL_MANAGED_BY, LABEL_RUN_UID, MANAGED_BY
 
 log = logging.getLogger("mtrl.children")
 
 TRAINER_KINDS = ("Job", "PyTorchJob", "HyperPodPyTorchJob")
+# (kind, component label); the pods of trainers and workers alike carry only the operator's
+# managed-by label in common.
 WATCHED = (*((kind, "trainer") for kind in TRAINER_KINDS), ("Deployment", "worker"),
-           ("ConfigMap", "progress"))
+           ("ConfigMap", "progress"), ("Pod", None))
+CLUSTER = ""  # the scope of the nodes' one cluster-wide watch
 
 
 def _version(obj: dict[str, Any]) -> str | None:
@@ -33,36 +38,79 @@ def _run_uid(obj: dict[str, Any]) -> str:
     return ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_RUN_UID, "")
 
 
+def _node(obj: dict[str, Any]) -> dict[str, Any]:
+    """What preflight reads of a node (its name, labels and allocatable resources): a node's
+    status also lists every image it holds, which 1,000 nodes need not keep in memory."""
+    meta = obj["metadata"]
+    return {"metadata": {"name": meta["name"], "labels": meta.get("labels") or {},
+                         "resourceVersion": meta.get("resourceVersion")},
+            "status": {"allocatable": (obj.get("status") or {}).get("allocatable") or {}}}
+
+
 class Children:
-    def __init__(self, kube: Kube, scopes: list[str], changed: Callable[[str], None]) -> None:
-        """`changed(run_uid)` is called whenever one of that run's children changes."""
+    def __init__(self, kube: Kube, scopes: list[str], changed: Callable[[str], None],
+                 nodes: bool = True) -> None:
+        """`changed(run_uid)` is called whenever one of that run's workloads or progress
+        ConfigMaps changes (not its pods: a reconcile reads them when its workloads say
+        something is wrong, and the resync finds what the workloads do not say). `nodes`:
+        whether to watch the cluster's nodes (for preflight)."""
         self.kube = kube
         self.scopes = scopes
         self.changed = changed
         self.trainers: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}  # (kind, name)
         self.deployments: dict[str, dict[str, Any]] = {}
         self.progress: dict[str, dict[str, Any]] = {}
+        self.pods: dict[str, dict[str, dict[str, Any]]] = {}  # run uid -> pod name -> pod
+        # Node name -> what preflight reads; None when not watched or the operator may not.
+        self.nodes: dict[str, dict[str, Any]] | None = {} if nodes else None
         self.synced = asyncio.Event()
         self._unsynced = {(kind, ns) for kind, _ in WATCHED for ns in scopes}
+        if nodes:
+            self._unsynced.add(("Node", CLUSTER))
 
     def watches(self) -> list[asyncio.Task[None]]:
         # Namespaced RBAC allows only per-namespace watches; globs need a cluster-wide one.
-        return [asyncio.create_task(self._watch(kind, component, ns))
-                for kind, component in WATCHED for ns in self.scopes]
+        tasks = [asyncio.create_task(self._watch(kind, component, ns))
+                 for kind, component in WATCHED for ns in self.scopes]
+        if self.nodes is not None:
+            tasks.append(asyncio.create_task(self._watch("Node", None, CLUSTER)))
+        return tasks
 
     def forget(self, uid: str) -> None:
         """The run is gone: so is everything cached for it."""
-        for cache in (self.trainers, self.deployments, self.progress):
+        for cache in (self.trainers, self.deployments, self.progress, self.pods):
             cache.pop(uid, None)
+
+    def pods_of(self, uid: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The run's cached pods that carry `labels`, in name order (as a list returns them)."""
+        return [pod for _, pod in sorted((self.pods.get(uid) or {}).items())
+                if labels.items() <= ((pod["metadata"].get("labels") or {}).items())]
 
     # ------------------------------------------------------------------ events in
 
     def on_event(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        gone = event_type == "DELETED"
+        if kind == "Node":
+            if self.nodes is not None:
+                if gone:
+                    self.nodes.pop(name, None)
+                else:
+                    self.nodes[name] = _node(obj)
+            return
         uid = _run_uid(obj)
         if not uid:
             return
-        name = obj["metadata"]["name"]
-        gone = event_type == "DELETED"
+        if kind == "Pod":
+            if gone:  # never a new entry, as for trainers below
+                pods = self.pods.get(uid, {})
+                pods.pop(name, None)
+                if not pods:
+                    self.pods.pop(uid, None)
+            else:
+                obj["metadata"].pop("managedFields", None)
+                self.pods.setdefault(uid, {})[name] = obj
+            return
         if kind in TRAINER_KINDS:
             if gone:  # never a new entry: a late DELETED after the run's own would leak one
                 trainers = self.trainers.get(uid, {})
@@ -82,11 +130,11 @@ class Children:
     def on_listed(self, kind: str, namespace: str, objs: list[dict[str, Any]]) -> None:
         """A fresh list is the truth for its kind and namespace ("*": all): cached children it
         lacks were deleted while no watch was open, and their runs hear of it now."""
-        present = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs}
+        present = {(o["metadata"].get("namespace", CLUSTER), o["metadata"]["name"]) for o in objs}
         for obj in self._cached(kind):
             meta = obj["metadata"]
-            if namespace in ("*", meta["namespace"]) and \
-                    (meta["namespace"], meta["name"]) not in present:
+            where = meta.get("namespace", CLUSTER)
+            if namespace in ("*", where) and (where, meta["name"]) not in present:
                 self.on_event(kind, "DELETED", obj)
         for obj in objs:  # a relist every few minutes must not wake every run
             cached = self._cached_one(kind, obj)
@@ -94,15 +142,23 @@ class Children:
                 self.on_event(kind, "ADDED", obj)
 
     def _cached(self, kind: str) -> list[dict[str, Any]]:
+        if kind == "Node":
+            return list((self.nodes or {}).values())
+        if kind == "Pod":
+            return [pod for pods in self.pods.values() for pod in pods.values()]
         if kind in TRAINER_KINDS:
             return [obj for objs in self.trainers.values()
                     for (kind_, _), obj in objs.items() if kind_ == kind]
         return list((self.deployments if kind == "Deployment" else self.progress).values())
 
     def _cached_one(self, kind: str, obj: dict[str, Any]) -> dict[str, Any] | None:
-        uid = _run_uid(obj)
+        uid, name = _run_uid(obj), obj["metadata"]["name"]
+        if kind == "Node":
+            return (self.nodes or {}).get(name)
+        if kind == "Pod":
+            return self.pods.get(uid, {}).get(name)
         if kind in TRAINER_KINDS:
-            return self.trainers.get(uid, {}).get((kind, obj["metadata"]["name"]))
+            return self.trainers.get(uid, {}).get((kind, name))
         return (self.deployments if kind == "Deployment" else self.progress).get(uid)
 
     # ------------------------------------------------------------------ watches
@@ -113,11 +169,15 @@ class Children:
             log.info("child caches listed; reconciling")
             self.synced.set()
 
-    async def _watch(self, kind: str, component: str, namespace: str) -> None:
+    async def _watch(self, kind: str, component: str | None, namespace: str) -> None:
         """A watch that was cut resumes with a new list: the events of the gap are lost for
         good, and a missed DELETED would leave a child in the cache forever (a teardown
         waiting on it would never end)."""
-        labels = {LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: component}
+        labels: dict[str, str] = {}
+        if kind != "Node":
+            labels[LABEL_MANAGED_BY] = MANAGED_BY
+        if component is not None:
+            labels[LABEL_COMPONENT] = component
         absent_for = 0.0  # an uninstalled kind is looked for again after 5 s, 10 s, ... 60 s
         while True:
             try:
@@ -130,6 +190,11 @@ class Children:
                         self.on_event(kind, event, objs[0])
             except asyncio.CancelledError:
                 raise
+            except NotPermitted:  # only nodes may be: a namespaced install may not list them
+                log.info("the operator may not watch %s; preflight does not check them", kind)
+                self.nodes = None
+                self._listed_once(kind, namespace)
+                return
             except NotServed:  # e.g. no PyTorchJob CRD (yet) in this cluster
                 self._listed_once(kind, namespace)  # nothing of a kind not served can exist
                 absent_for = min(60.0, max(5.0, 2 * absent_for))

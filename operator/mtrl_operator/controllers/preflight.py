@@ -1,11 +1,13 @@
-"""Preflight look-ups: S3 locations, the ECS cluster and the cluster's nodes, each looked up
-once, before a run creates anything. What they mean is `reconcile/preflight.py`."""
+"""Preflight look-ups: S3 locations and the ECS cluster, each looked up once before a run
+creates anything, and the cluster's nodes, read from the watched cache. What they mean is
+`reconcile/preflight.py`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from mtrl_api.run import MultiTurnRLRunSpec, MultiTurnRLRunStatus, WorkerBackend
 from mtrl_operator.adapters.aws import Aws
-from mtrl_operator.adapters.kube import Kube
 from mtrl_operator.reconcile.preflight import (
     Found,
     ecs_cluster_problem,
@@ -14,7 +16,6 @@ from mtrl_operator.reconcile.preflight import (
     s3_problem,
     verdict,
 )
-from mtrl_operator.settings import Settings
 
 PREFLIGHT = "Preflight"  # the run's condition: True once the checks passed
 
@@ -26,10 +27,11 @@ def due(status: MultiTurnRLRunStatus, deleting: bool) -> bool:
             and not any(c.type == PREFLIGHT and c.status == "True" for c in status.conditions))
 
 
-async def preflight(spec: MultiTurnRLRunSpec, settings: Settings, aws: Aws, kube: Kube,
-                    ecs_cluster: str) -> tuple[tuple[str, str] | None, str]:
+async def preflight(spec: MultiTurnRLRunSpec, aws: Aws, ecs_cluster: str,
+                    nodes: list[dict[str, Any]] | None
+                    ) -> tuple[tuple[str, str] | None, str]:
     """(reason, message) naming every check that failed, the first leading, or None and what
-    was checked."""
+    was checked. `nodes`: the cluster's, or None when they are not checked."""
     problems: list[tuple[str, str]] = []
     checked, notes = ["S3 locations"], []
     for lookup in s3_lookups(spec):
@@ -44,14 +46,12 @@ async def preflight(spec: MultiTurnRLRunSpec, settings: Settings, aws: Aws, kube
         if (problem := ecs_cluster_problem(ecs_cluster, aws.region, described)) is not None:
             problems.append(problem)
         checked.append(f"ECS cluster {ecs_cluster!r}")
-    if settings.preflight_nodes:
-        nodes = await kube.nodes()
-        if nodes is None:
-            notes.append("nodes not checked (the operator may not list nodes)")
-        elif (problem := nodes_problem(spec, nodes)) is not None:
-            problems.append(problem)
-        else:
-            checked.append(f"nodes of {spec.trainer.instance_type}")
+    if nodes is None:
+        notes.append("nodes not checked (turned off, or the operator may not list nodes)")
+    elif (problem := nodes_problem(spec, nodes)) is not None:
+        problems.append(problem)
+    else:
+        checked.append(f"nodes of {spec.trainer.instance_type}")
     if problems:
         return verdict(problems), ""
     return None, "; ".join([f"checked {', '.join(checked)}", *notes])

@@ -1,9 +1,9 @@
 """The run controller: the runs' cache, the work queue, and the reconcile that glues
 observation, `reconcile.run.decide` and the actions together.
 
-Runs arrive from kopf's watch; their children from `Children`'s watches; AWS state is read per
-reconcile. A reconcile reads caches; it lists pods only for a trainer that failed or is pending,
-and for workers short of ready (their words), so its cost per healthy run stays flat.
+Runs arrive from kopf's watch; their children, their pods and the cluster's nodes from
+`Children`'s watches; AWS state is read per reconcile, as much as `reconcile.lookups` asks. A
+reconcile lists nothing in Kubernetes, so its cost per run stays flat as runs are added.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -36,6 +36,7 @@ from mtrl_operator.controllers.preflight import preflight
 from mtrl_operator.controllers.run_actions import RunActions
 from mtrl_operator.errors import SpecError, StaleCopy
 from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE, FINALIZER, LABEL_ATTEMPT, RunNames
+from mtrl_operator.reconcile import lookups
 from mtrl_operator.reconcile.cost import refresh_due, steady
 from mtrl_operator.reconcile.draft import (
     CONDITION_TYPES,
@@ -46,7 +47,7 @@ from mtrl_operator.reconcile.draft import (
     TrainerState,
     WorkerProblem,
 )
-from mtrl_operator.reconcile.observe import (
+from mtrl_operator.reconcile.readings import (
     progress_from_configmap,
     spec_problem,
     trainer_report,
@@ -65,6 +66,31 @@ Key = tuple[str, str]  # (namespace, name)
 
 # How long our own status write outranks what the watch brings, if its echo never comes.
 EXPECTATION_S = 60.0
+
+
+@dataclass
+class WorkersSeen:
+    """What a reconcile saw of the run's workers, on either backend."""
+
+    exist: bool = False
+    desired: int = 0
+    ready: int = 0
+    stopped: int = 0
+    problem: WorkerProblem | None = None
+    tasks: tuple[EcsTask, ...] = ()
+    refs: ResourceRefs = field(default_factory=ResourceRefs)
+
+
+@dataclass(frozen=True)
+class TrainerSeen:
+    """What a reconcile saw of the run's trainer: the current attempt's workload, if any,
+    every attempt's workload, the progress ConfigMap, and the workload the status names."""
+
+    current: TrainerObserved | None
+    workloads: dict[tuple[str, str], dict[str, Any]]
+    progress: dict[str, Any] | None
+    kind: str | None
+    name: str | None
 
 
 @dataclass(frozen=True)
@@ -102,7 +128,8 @@ class Controller:
         self.aws = aws
         self.runs: dict[Key, dict[str, Any]] = {}
         self.keys_by_uid: dict[str, Key] = {}
-        self.children = Children(kube, settings.list_scopes, self._child_changed)
+        self.children = Children(kube, settings.list_scopes, self._child_changed,
+                                 nodes=settings.preflight_nodes)
         self.actions = RunActions(settings, kube, aws)
         self.phases: dict[Key, str] = {}  # for the runs-by-phase gauge, kept in O(1) per change
         self.polls: dict[Key, tuple[Any, int]] = {}  # last poll's outcome, polls in a row
@@ -250,9 +277,10 @@ class Controller:
         status = self._parse_status(body)
         checked = None
         if spec is not None and spec_error is None and preflight_due(status, deleting):
-            spec_error, checked = await preflight(spec, self.settings, self.aws, self.kube,
-                                                  self.actions.cluster(spec))
-        obs = replace(await self._observe(names, spec, spec_error, status, deleting, body),
+            nodes = self.children.nodes
+            spec_error, checked = await preflight(spec, self.aws, self.actions.cluster(spec),
+                                                  None if nodes is None else list(nodes.values()))
+        obs = replace(await self._fetch(names, spec, spec_error, status, deleting, body),
                       preflight=checked,
                       price=self.settings.price(spec.trainer.instance_type) if spec else None)
         decision = decide(obs)
@@ -314,112 +342,110 @@ class Controller:
                         body["metadata"]["name"])
             return MultiTurnRLRunStatus()
 
-    async def _observe(self, names: RunNames, spec: MultiTurnRLRunSpec | None,
-                       spec_error: tuple[str, str] | None, status: MultiTurnRLRunStatus,
-                       deleting: bool, body: dict[str, Any]) -> Observed:
-        refs = ResourceRefs()
-        # A finished run whose status records nothing left in AWS needs no AWS calls.
-        skip_aws = not deleting and status.phase.finished and not status.resources.queues \
-            and not status.resources.task_arns and not status.resources.task_definition_arn
-        queue_urls = {} if skip_aws else await self.aws.queues(names)
-        refs.queues = [QueueRef(role=r, url=u) for r, u in sorted(queue_urls.items())]
-
-        workers_exist, desired, ready = False, 0, 0
-        problem: WorkerProblem | None = None
-        tasks: list[EcsTask] = []
-        stopped = status.workers.stopped  # unless the stopped tasks are listed below
-        # Without a readable spec the backend is unknown: look for workers of both.
-        backend = spec.workers.backend if spec else None
-        live_run = spec is not None and not deleting and not status.phase.finished
-        if backend in (WorkerBackend.KUBERNETES, None):
-            dep = self.children.deployments.get(names.uid)
-            if dep is not None:
-                workers_exist = True
-                refs.worker_deployment = dep["metadata"]["name"]
-                desired = (dep.get("spec") or {}).get("replicas") or 0
-                ready = (dep.get("status") or {}).get("readyReplicas") or 0
-                if live_run and ready < desired:  # why not: the kubelet's and worker's words
-                    problem = pod_problem(await self.kube.labelled(
-                        "Pod", names.namespace, names.labels("worker")))
-        if backend in (WorkerBackend.ECS_FARGATE, None) and not skip_aws:
-            cluster = self.actions.cluster(spec)
-            tasks = await self.aws.worker_tasks(names, cluster, stopped=False)
-            if live_run and spec and sum(t.live for t in tasks) < spec.workers.max_replicas:
-                # Some are missing: the stopped ones say why, and EnsureWorkers needs them all.
-                tasks = await self.aws.worker_tasks(names, cluster)
-                problem = await self._stopped_words(names, spec, tasks)
-                stopped = sum(t.stopped_on_its_own for t in tasks)
-            live = [t for t in tasks if t.live]
-            # Live tasks name their definition. Without them, it is looked up once one may
-            # have been registered: workers come after the queues, or it was recorded.
-            may_exist = len(queue_urls) == 4 or deleting or status.phase.finished or \
-                status.resources.task_definition_arn is not None
-            if live and live[0].task_definition_arn:
-                definitions = [live[0].task_definition_arn]
-            else:
-                definitions = await self.aws.active_task_definitions(names) if may_exist else []
-            workers_exist = workers_exist or bool(live or definitions)
-            desired, ready = desired + len(live), ready + sum(t.ready for t in live)
-            refs.task_arns = [t.arn for t in live]
-            refs.task_definition_arn = definitions[0] if definitions else None
-        if spec is not None and spec.workers.backend == WorkerBackend.ECS_FARGATE:
-            refs.log_group = worker_log_group(names, spec)
+    async def _fetch(self, names: RunNames, spec: MultiTurnRLRunSpec | None,
+                     spec_error: tuple[str, str] | None, status: MultiTurnRLRunStatus,
+                     deleting: bool, body: dict[str, Any]) -> Observed:
+        """What `decide` looks at: the caches, and what `reconcile.lookups` asks to read."""
+        aws = lookups.needs_aws(status, deleting)
+        queue_urls = await self.aws.queues(names) if aws else {}
+        workers = await self._fetch_workers(names, spec, status, deleting, aws, len(queue_urls))
+        trainer = await self._fetch_trainer(names, spec, status, deleting)
+        refs = workers.refs.model_copy(update={
+            "queues": [QueueRef(role=r, url=u) for r, u in sorted(queue_urls.items())],
+            "trainer_kind": trainer.kind, "trainer_name": trainer.name,
+            "config_map": names.config_map if spec is not None and trainer.workloads else None})
         # The run's own log group outlives the finished run and goes with the run; a spec that
         # names a group of its own (or no readable spec that could) leaves it alone.
         own_logs = spec is None or (spec.workers.backend == WorkerBackend.ECS_FARGATE
                                     and not spec.workers.ecs.log_group)
         logs_exist = deleting and own_logs and await self.aws.log_group_exists(names.log_group)
-
-        trainers = self.children.trainers.get(names.uid, {})
-        current: TrainerObserved | None = None
-        for (kind, name), obj in trainers.items():
-            attempt = int((obj["metadata"].get("labels") or {}).get(LABEL_ATTEMPT, "0"))
-            if attempt == status.attempts:
-                current = trainer_state(kind, obj, attempt)
-                refs.trainer_kind, refs.trainer_name = kind, name
-        if trainers and refs.trainer_name is None:
-            kind, name = next(iter(trainers))
-            refs.trainer_kind, refs.trainer_name = kind, name
-        progress_cm = self.children.progress.get(names.uid)
-        if current is None and spec is not None and not deleting and \
-                not status.phase.finished and status.launched_attempt >= status.attempts >= 1:
-            # `decide` would take a missing workload of a launched attempt for one that is gone
-            # for good, so a cache that has not caught up (a restart's first reconcile, a
-            # watch behind a create) must not say so: read both from the API server.
-            kind = spec.trainer.launcher.value
-            workload = await self.kube.get(kind, names.trainer(status.attempts),
-                                           names.namespace)
-            if workload is not None:
-                current = trainer_state(kind, workload, status.attempts)
-                trainers = {**trainers, (kind, names.trainer(status.attempts)): workload}
-                refs.trainer_kind, refs.trainer_name = kind, names.trainer(status.attempts)
-            progress_cm = await self.kube.get("ConfigMap", names.progress_config_map,
-                                              names.namespace) or progress_cm
-        if current is not None and current.state in (TrainerState.FAILED, TrainerState.PENDING) \
-                and not deleting and not status.phase.finished:
-            # A failed trainer's own words, read while its pods are still there (the next
-            # action deletes the workload; the run's message keeps them); a pending one's
-            # pods, in case the scheduler cannot place them.
-            pods = await self.kube.labelled("Pod", names.namespace, {
-                **names.labels("trainer"), LABEL_ATTEMPT: str(current.attempt)})
-            current = (with_cause(current, pods) if current.state == TrainerState.FAILED
-                       else with_placement(current, pods))
-        if spec is not None and trainers:
-            refs.config_map = names.config_map
+        progress_cm = trainer.progress
         reported_attempt, outcome = trainer_report(progress_cm) if progress_cm else (None, None)
         return Observed(
             now=dt.datetime.now(dt.UTC),
             generation=body["metadata"].get("generation", 0),
             deleting=deleting, spec=spec, spec_error=spec_error, status=status,
-            queues_ready=len(queue_urls) == 4, queues_exist=bool(queue_urls), logs_exist=logs_exist,
-            workers_exist=workers_exist, workers_desired=desired, workers_ready=ready,
-            trainer=current, trainers_exist=bool(trainers), trainer_workloads=tuple(trainers),
-            resources=refs,
+            queues_ready=len(queue_urls) == lookups.QUEUE_ROLES, queues_exist=bool(queue_urls),
+            logs_exist=logs_exist, workers_exist=workers.exist,
+            workers_desired=workers.desired, workers_ready=workers.ready,
+            trainer=trainer.current, trainers_exist=bool(trainer.workloads),
+            trainer_workloads=tuple(trainer.workloads), resources=refs,
             progress=progress_from_configmap(progress_cm) if progress_cm else None,
             namespace=names.namespace, name=names.name, uid=names.uid,
             reported_attempt=reported_attempt, trainer_outcome=outcome,
-            worker_problem=problem, ecs_tasks=tuple(tasks), workers_stopped=stopped,
+            worker_problem=workers.problem, ecs_tasks=workers.tasks,
+            workers_stopped=workers.stopped,
         )
+
+    async def _fetch_workers(self, names: RunNames, spec: MultiTurnRLRunSpec | None,
+                             status: MultiTurnRLRunStatus, deleting: bool, aws: bool,
+                             queues: int) -> WorkersSeen:
+        live = lookups.is_live(spec, status, deleting)
+        seen = WorkersSeen(stopped=status.workers.stopped)  # unless stopped tasks are listed
+        backends = lookups.worker_backends(spec)
+        if WorkerBackend.KUBERNETES in backends and \
+                (dep := self.children.deployments.get(names.uid)) is not None:
+            seen.exist = True
+            seen.refs.worker_deployment = dep["metadata"]["name"]
+            seen.desired = (dep.get("spec") or {}).get("replicas") or 0
+            seen.ready = (dep.get("status") or {}).get("readyReplicas") or 0
+            if lookups.needs_worker_pods(live, seen.desired, seen.ready):
+                seen.problem = pod_problem(self.children.pods_of(names.uid,
+                                                                 names.labels("worker")))
+        if WorkerBackend.ECS_FARGATE in backends and aws:
+            await self._fetch_tasks(names, spec, status, deleting, live, queues, seen)
+        if spec is not None and spec.workers.backend == WorkerBackend.ECS_FARGATE:
+            seen.refs.log_group = worker_log_group(names, spec)
+        return seen
+
+    async def _fetch_tasks(self, names: RunNames, spec: MultiTurnRLRunSpec | None,
+                           status: MultiTurnRLRunStatus, deleting: bool, live: bool,
+                           queues: int, seen: WorkersSeen) -> None:
+        cluster = self.actions.cluster(spec)
+        tasks = await self.aws.worker_tasks(names, cluster, stopped=False)
+        if lookups.needs_stopped_tasks(live, spec, sum(t.live for t in tasks)):
+            assert spec is not None
+            tasks = await self.aws.worker_tasks(names, cluster)
+            seen.problem = await self._stopped_words(names, spec, tasks)
+            seen.stopped = sum(t.stopped_on_its_own for t in tasks)
+        running = [t for t in tasks if t.live]
+        if running and running[0].task_definition_arn:  # live tasks name their definition
+            definitions = [running[0].task_definition_arn]
+        elif lookups.task_definition_may_exist(queues, deleting, status):
+            definitions = await self.aws.active_task_definitions(names)
+        else:
+            definitions = []
+        seen.exist = seen.exist or bool(running or definitions)
+        seen.desired += len(running)
+        seen.ready += sum(t.ready for t in running)
+        seen.tasks = tuple(tasks)
+        seen.refs.task_arns = [t.arn for t in running]
+        seen.refs.task_definition_arn = definitions[0] if definitions else None
+
+    async def _fetch_trainer(self, names: RunNames, spec: MultiTurnRLRunSpec | None,
+                             status: MultiTurnRLRunStatus, deleting: bool) -> TrainerSeen:
+        workloads = dict(self.children.trainers.get(names.uid, {}))
+        progress = self.children.progress.get(names.uid)
+        found = lookups.current_workload(workloads, status.attempts)
+        if lookups.needs_live_trainer_read(found is not None, spec, status, deleting):
+            assert spec is not None
+            key = (spec.trainer.launcher.value, names.trainer(status.attempts))
+            if (workload := await self.kube.get(*key, names.namespace)) is not None:
+                workloads[key] = workload
+                found = (key, workload)
+            progress = await self.kube.get("ConfigMap", names.progress_config_map,
+                                           names.namespace) or progress
+        if found is None:  # no current attempt: the refs name any workload that is left
+            key = next(iter(workloads), (None, None))
+            return TrainerSeen(None, workloads, progress, *key)
+        (kind, name), obj = found
+        current = trainer_state(kind, obj, status.attempts)
+        if lookups.needs_trainer_pods(current, lookups.is_live(spec, status, deleting)):
+            pods = self.children.pods_of(names.uid, {**names.labels("trainer"),
+                                                     LABEL_ATTEMPT: str(current.attempt)})
+            current = (with_cause(current, pods) if current.state == TrainerState.FAILED
+                       else with_placement(current, pods))
+        return TrainerSeen(current, workloads, progress, kind, name)
 
     async def _stopped_words(self, names: RunNames, spec: MultiTurnRLRunSpec,
                              tasks: list[EcsTask]) -> WorkerProblem | None:

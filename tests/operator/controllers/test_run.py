@@ -7,6 +7,7 @@ from typing import Any
 from mtrl_api.run import MultiTurnRLRunStatus, Phase
 from mtrl_operator import metrics
 from mtrl_operator.controllers.run import Controller
+from mtrl_operator.naming import LABEL_ATTEMPT, LABEL_COMPONENT
 from mtrl_operator.reconcile.run import Act, Decision
 from mtrl_operator.settings import Settings
 
@@ -183,9 +184,72 @@ def test_a_deleted_run_leaves_nothing_behind_even_when_child_events_come_late() 
     # The garbage collector removes the run's children after the run is gone.
     controller.children.on_event("Job", "DELETED", _child("ns", "run-t1", "u-1"))
     controller.children.on_event("ConfigMap", "DELETED", _child("ns", "run-progress", "u-1"))
+    controller.children.on_event("Pod", "DELETED", _child("ns", "run-t1-0", "u-1"))
     children = controller.children
     assert (controller.runs, controller.keys_by_uid, children.trainers, children.deployments,
-            children.progress, controller.phases, controller.polls) == ({}, {}, {}, {}, {}, {}, {})
+            children.progress, children.pods, controller.phases,
+            controller.polls) == ({}, {}, {}, {}, {}, {}, {}, {})
+
+
+def _pod(name: str, run_uid: str, component: str, **labels: str) -> dict[str, Any]:
+    pod = _child("ns", name, run_uid)
+    pod["metadata"]["labels"] |= {LABEL_COMPONENT: component, **labels}
+    pod["metadata"]["managedFields"] = [{"manager": "kubelet"}]
+    return pod
+
+
+def test_pods_are_cached_by_run_and_read_by_label_without_waking_the_run() -> None:
+    controller = Controller(Settings(), kube=None, aws=None)  # type: ignore[arg-type]
+    queue = _RecordingQueue()
+    controller.queue = queue  # type: ignore[assignment]
+    controller.on_run("ADDED", {"metadata": {"namespace": "ns", "name": "run", "uid": "u-1"}})
+    queue.added.clear()
+    children = controller.children
+    for pod in (_pod("run-t2-0", "u-1", "trainer", **{LABEL_ATTEMPT: "2"}),
+                _pod("run-t1-0", "u-1", "trainer", **{LABEL_ATTEMPT: "1"}),
+                _pod("run-workers-x", "u-1", "worker"), _pod("other-workers-y", "u-2", "worker")):
+        children.on_event("Pod", "ADDED", pod)
+    assert queue.added == []  # a run is woken by its workloads; its pods are read when it asks
+    trainers = children.pods_of("u-1", {LABEL_COMPONENT: "trainer"})
+    assert [p["metadata"]["name"] for p in trainers] == ["run-t1-0", "run-t2-0"]
+    assert [p["metadata"]["name"] for p in children.pods_of(
+        "u-1", {LABEL_COMPONENT: "trainer", LABEL_ATTEMPT: "2"})] == ["run-t2-0"]
+    assert "managedFields" not in trainers[0]["metadata"]
+
+    children.on_listed("Pod", "ns", [_pod("run-workers-x", "u-1", "worker")])
+    assert set(children.pods) == {"u-1"}  # a relist forgets pods deleted meanwhile
+    assert [p["metadata"]["name"] for p in children.pods_of("u-1", {})] == ["run-workers-x"]
+    children.forget("u-1")
+    assert children.pods_of("u-1", {}) == []
+
+
+def _node(name: str, instance_type: str, gpus: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": "1",
+                         "labels": {"node.kubernetes.io/instance-type": instance_type}},
+            "status": {"allocatable": {"nvidia.com/gpu": gpus},
+                       "images": [{"names": ["x" * 200], "sizeBytes": 1}] * 50}}
+
+
+def test_nodes_are_cached_with_only_what_preflight_reads() -> None:
+    children = Controller(Settings(), kube=None, aws=None).children  # type: ignore[arg-type]
+    assert children.nodes == {}  # watched (MTRL_PREFLIGHT_NODES defaults to true), none yet
+    children.on_listed("Node", "", [_node("a", "ml.p5.48xlarge", "8"),
+                                     _node("b", "ml.m5.large", "0")])
+    assert children.nodes["a"] == {
+        "metadata": {"name": "a", "labels": {"node.kubernetes.io/instance-type": "ml.p5.48xlarge"},
+                     "resourceVersion": "1"},
+        "status": {"allocatable": {"nvidia.com/gpu": "8"}}}
+    children.on_event("Node", "DELETED", _node("a", "ml.p5.48xlarge", "8"))
+    children.on_listed("Node", "", [_node("c", "ml.p5.48xlarge", "8")])
+    assert set(children.nodes) == {"c"}
+
+
+def test_nodes_are_not_watched_when_preflight_does_not_check_them() -> None:
+    children = Controller(Settings(preflight_nodes=False), kube=None,  # type: ignore[arg-type]
+                          aws=None).children
+    assert children.nodes is None
+    children.on_event("Node", "ADDED", _node("a", "ml.p5.48xlarge", "8"))
+    assert children.nodes is None
 
 
 def test_a_relist_wakes_only_the_runs_whose_children_changed() -> None:

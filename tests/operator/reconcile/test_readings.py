@@ -10,7 +10,7 @@ import pytest
 
 from mtrl_api.environments import known
 from mtrl_api.run import GeneratedDataset, MultiTurnRLRunSpec, WorkerBackend
-from mtrl_operator.reconcile.observe import (
+from mtrl_operator.reconcile.readings import (
     newest_true_condition,
     spec_problem,
     trainer_report,

@@ -1,0 +1,81 @@
+"""What a reconcile looks up, decided from what it already knows.
+
+The controller fetches what these ask for and nothing else, so what a reconcile costs (AWS
+calls, live reads from the API server) is decided here and tested without servers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mtrl_api.run import MultiTurnRLRunSpec, MultiTurnRLRunStatus, WorkerBackend
+from mtrl_operator.naming import LABEL_ATTEMPT
+from mtrl_operator.reconcile.draft import TrainerObserved, TrainerState
+
+QUEUE_ROLES = 4  # a run's queues: rollout and generate, requests and responses
+
+Workload = tuple[tuple[str, str], dict[str, Any]]  # ((kind, name), object)
+
+
+def needs_aws(status: MultiTurnRLRunStatus, deleting: bool) -> bool:
+    """A finished run whose status records nothing left in AWS needs no AWS calls."""
+    left = status.resources.queues or status.resources.task_arns or \
+        status.resources.task_definition_arn
+    return deleting or not status.phase.finished or bool(left)
+
+
+def is_live(spec: MultiTurnRLRunSpec | None, status: MultiTurnRLRunStatus, deleting: bool) -> bool:
+    """A run that can still train: the one whose missing pieces are worth explaining."""
+    return spec is not None and not deleting and not status.phase.finished
+
+
+def worker_backends(spec: MultiTurnRLRunSpec | None) -> tuple[WorkerBackend, ...]:
+    """Where the run's workers may be: without a readable spec the backend is unknown, so
+    both are looked at (a run deleted with a broken spec still leaves nothing behind)."""
+    return (spec.workers.backend,) if spec is not None else tuple(WorkerBackend)
+
+
+def needs_stopped_tasks(live: bool, spec: MultiTurnRLRunSpec | None, live_tasks: int) -> bool:
+    """Some workers are missing: the stopped tasks say why, and EnsureWorkers needs them all
+    (the tasks of every client token, to start only what is missing)."""
+    return live and spec is not None and live_tasks < spec.workers.max_replicas
+
+
+def task_definition_may_exist(queues: int, deleting: bool, status: MultiTurnRLRunStatus) -> bool:
+    """Whether to look up the run's task definitions when no live task names one: workers
+    (and their definition) come after the queues, or the status recorded one."""
+    return queues == QUEUE_ROLES or deleting or status.phase.finished or \
+        status.resources.task_definition_arn is not None
+
+
+def attempt_of(workload: dict[str, Any]) -> int:
+    return int((workload["metadata"].get("labels") or {}).get(LABEL_ATTEMPT, "0"))
+
+
+def current_workload(workloads: dict[tuple[str, str], dict[str, Any]],
+                     attempt: int) -> Workload | None:
+    """The workload of the run's current attempt, if it is cached."""
+    return next(((key, obj) for key, obj in workloads.items() if attempt_of(obj) == attempt),
+                None)
+
+
+def needs_live_trainer_read(found: bool, spec: MultiTurnRLRunSpec | None,
+                            status: MultiTurnRLRunStatus, deleting: bool) -> bool:
+    """`decide` takes a missing workload of a launched attempt for one that is gone for good,
+    so a cache that has not caught up (a restart's first reconcile, a watch behind a create)
+    must not say so: the workload and the progress ConfigMap are read from the API server."""
+    return not found and is_live(spec, status, deleting) and \
+        status.launched_attempt >= status.attempts >= 1
+
+
+def needs_trainer_pods(trainer: TrainerObserved | None, live: bool) -> bool:
+    """A failed trainer's pods hold its own words (read while they are still there: the next
+    action deletes the workload, the run's message keeps them); a pending one's say whether
+    the scheduler can place it."""
+    return live and trainer is not None and \
+        trainer.state in (TrainerState.FAILED, TrainerState.PENDING)
+
+
+def needs_worker_pods(live: bool, desired: int, ready: int) -> bool:
+    """Workers short of ready: the kubelet's and the worker's words say why."""
+    return live and ready < desired
