@@ -7,7 +7,10 @@
   no controller; adapters import no controller.
 - The data plane (trainer, worker, rollout) and the API package never import the operator.
 - The operator never imports the worker or the trainer (what it knows of environments is
-  mtrl_api's catalog, data); only `cli` names them, as strings it dispatches to.
+  mtrl_api's catalog, data); only the `mtrl` command (`mtrl_cli.main`) names them, as strings
+  it dispatches to.
+- `reconcile/` is decisions only: no networking, processes, threads or event loop, no AWS or
+  Kubernetes client, no SQS client of the rollout protocol, no plug-in loading, no data plane.
 """
 
 from __future__ import annotations
@@ -62,6 +65,20 @@ def test_pure_layers_do_no_io(path: Path) -> None:
     assert not found, f"{path.relative_to(OPERATOR)} imports {sorted(found)}"
 
 
+# What does I/O or loads code: what `reconcile/` must never import.
+IO = ("socket", "ssl", "subprocess", "threading", "asyncio", "concurrent", "urllib.request",
+      "http", "aiohttp", "httpx", "httpx2", "kopf", *TRANSPORTS, "importlib", "mtrl_rollout.sqs",
+      "mtrl_worker", "mtrl_trainer", "mtrl_operator.adapters", "mtrl_operator.controllers",
+      "mtrl_operator.handlers", "mtrl_operator.main", "mtrl_operator.leader")
+
+
+@pytest.mark.parametrize("path", _modules(OPERATOR / "reconcile"),
+                         ids=lambda p: str(p.relative_to(OPERATOR)))
+def test_reconcile_decides_and_does_nothing_else(path: Path) -> None:
+    found = _uses(imports(path), *IO)
+    assert not found, f"{path.relative_to(OPERATOR)} imports {sorted(found)}"
+
+
 @pytest.mark.parametrize("path", _modules(OPERATOR / "adapters"),
                          ids=lambda p: str(p.relative_to(OPERATOR)))
 def test_adapters_sit_below_the_controllers(path: Path) -> None:
@@ -86,7 +103,12 @@ def test_the_operator_never_imports_the_data_plane_it_runs(path: Path) -> None:
 
 def test_the_check_sees_a_forbidden_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("from lightkube.core.exceptions import ApiError\nimport mtrl_operator\n")
+    module.write_text("from lightkube.core.exceptions import ApiError\nimport mtrl_operator\n"
+                      "def f():\n    from importlib.metadata import entry_points\n")
+    assert _uses(imports(module), *IO) == {"lightkube.core.exceptions",
+                                           "lightkube.core.exceptions.ApiError",
+                                           "importlib.metadata",
+                                           "importlib.metadata.entry_points"}
     assert _uses(imports(module), *TRANSPORTS) == {"lightkube.core.exceptions",
                                                    "lightkube.core.exceptions.ApiError"}
     assert _uses(imports(module), "mtrl_operator") == {"mtrl_operator"}

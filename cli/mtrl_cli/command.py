@@ -13,7 +13,7 @@ INTERRUPTED = 130  # a shell's code for a command ended by Ctrl-C
 
 
 def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
-    """The command's parser, described by its module's first paragraph. `mtrl_operator.cli`
+    """The command's parser, described by its module's first paragraph. `mtrl_cli.main`
     puts the command's full name in argv[0]; a direct call gets `mtrl <name>`."""
     prog = sys.argv[0] if sys.argv and sys.argv[0].endswith(f"mtrl {name}") else f"mtrl {name}"
     first_paragraph = " ".join((doc or "").split("\n\n")[0].split())

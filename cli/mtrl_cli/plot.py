@@ -19,7 +19,7 @@ def line_chart(points: list[Point], path: Path, *, title: str, ylabel: str,
         from matplotlib.figure import Figure
         from matplotlib.ticker import MaxNLocator
     except ImportError:
-        raise CliError("writing a PNG needs matplotlib: pip install 'mtrl[plots]'") from None
+        raise CliError("writing a PNG needs matplotlib: install mtrl with its 'plots' extra") from None
     fig = Figure(figsize=(size[0] / DPI, size[1] / DPI), dpi=DPI)
     ax = fig.subplots()
     ax.plot([s for s, _ in points], [v for _, v in points], color="tab:blue",

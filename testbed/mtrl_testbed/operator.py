@@ -44,7 +44,7 @@ class OperatorProcess:
                "MTRL_HEALTH_PORT": str(self.health_port)}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 (the child owns it)
-        self.proc = subprocess.Popen([sys.executable, "-m", "mtrl_operator.cli", "operator"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "mtrl_cli", "operator"],
                                      env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         return self

@@ -10,7 +10,7 @@ import yaml
 from mtrl_api import crdgen
 from mtrl_api.run import MultiTurnRLRunSpec
 from mtrl_api.trigger import MultiTurnRLTriggerSpec
-from mtrl_operator.cli import CRD_FOLDERS
+from mtrl_cli.main import CRD_FOLDERS
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from mtrl_worker import play_main
+from mtrl_worker.play import play_main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:

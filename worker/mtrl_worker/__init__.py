@@ -1,20 +1,5 @@
-"""Rollout worker: plays episodes of an environment against the trainer's policy."""
+"""Rollout worker: plays episodes of an environment against the trainer's policy.
 
-from __future__ import annotations
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`mtrl worker`: imported lazily so environments load without the worker's server stack."""
-    from mtrl_worker.cli import main as worker_main
-
-    return worker_main(argv)
-
-
-def play_main(argv: list[str] | None = None) -> int:
-    """`mtrl env play`: one scripted episode, printed as a summary (or `--json`, its result)."""
-    from mtrl_worker.play import play_main as run_play
-
-    return run_play(argv)
-
-
-__all__ = ["main", "play_main"]
+`mtrl worker` runs `mtrl_worker.cli`; the environments (`mtrl_worker.environments`) load
+without the worker's server stack, so the trainer can make their tasks.
+"""
