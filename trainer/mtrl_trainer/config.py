@@ -1,21 +1,24 @@
 """Trainer configuration: the run spec the operator mounts plus MTRL_* environment variables.
 
 The spec (MultiTurnRLRun `.spec`, camelCase JSON) lives at $MTRL_CONFIG. Queue URLs and ids
-use the same variable names as the rollout workers (mtrl_worker.config), so one ConfigMap or
+use the same variable names as the rollout workers (mtrl_rollout.settings), so one ConfigMap or
 env block can serve both.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import ValidationError
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import NoDecode
 
 from mtrl_api.run import MultiTurnRLRunSpec
+from mtrl_api.settings import InvalidSettings
+from mtrl_rollout.settings import DataPlaneSettings
 
 DEFAULT_CONFIG_PATH = "/etc/mtrl/run.json"
 DEFAULT_COLLECT_GRACE_S = 30.0
@@ -23,6 +26,44 @@ DEFAULT_COLLECT_GRACE_S = 30.0
 
 class ConfigError(ValueError):
     pass
+
+
+class TrainerSettings(DataPlaneSettings):
+    """What TrainerConfig.from_env reads: each field from `MTRL_` + its name, or its alias."""
+
+    # The variable names the file the spec is read from, where the operator mounts it
+    spec: Annotated[MultiTurnRLRunSpec, NoDecode] = Field(
+        default=DEFAULT_CONFIG_PATH, validate_default=True, validation_alias="MTRL_CONFIG",
+        description="Path of the run spec (MultiTurnRLRun .spec, camelCase JSON).")
+    run_id: str = Field(default="local", description="Run UID, stamped on every message.")
+    run_name: str = Field(default="local", description="Run name (names the output folder).")
+    namespace: str | None = Field(
+        default=None, validation_alias=AliasChoices("MTRL_POD_NAMESPACE", "MTRL_NAMESPACE"),
+        description="Namespace of the run and of its progress ConfigMap.")
+    progress_file: Path | None = Field(default=None, description="Where each step's progress goes.")
+    progress_config_map: str | None = Field(
+        default=None, validation_alias="MTRL_PROGRESS_CONFIGMAP",
+        description="The run's progress ConfigMap, written after each step.")
+    device: str | None = Field(default=None, description="cpu, cuda:0; default: this rank's GPU, else CPU.")
+    collect_grace_s: float = Field(
+        default=DEFAULT_COLLECT_GRACE_S,
+        description="Added to episodeTimeoutSeconds for the idle timeout of a step's collection.")
+    operator_attempt: int | None = Field(
+        default=None, ge=0, validation_alias="MTRL_ATTEMPT",
+        description="The operator's attempt number, reported with the progress.")
+
+    @field_validator("spec", mode="before")
+    @classmethod
+    def _read_spec(cls, path: Any) -> Any:
+        if isinstance(path, MultiTurnRLRunSpec):
+            return path
+        try:
+            return MultiTurnRLRunSpec.model_validate_json(Path(path).read_text())
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+        except ValidationError as exc:
+            raise ValueError("; ".join(f"{path}: {'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                       for e in exc.errors())) from None
 
 
 @dataclass(frozen=True)
@@ -51,46 +92,11 @@ class TrainerConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TrainerConfig:
-        env = os.environ if environ is None else environ
-        path = Path(env.get("MTRL_CONFIG") or DEFAULT_CONFIG_PATH)
-        problems: list[str] = []
-        spec: MultiTurnRLRunSpec | None = None
         try:
-            spec = MultiTurnRLRunSpec.model_validate_json(path.read_text())
-        except OSError as exc:
-            problems.append(f"MTRL_CONFIG: cannot read {path}: {exc.strerror or exc}")
-        except ValidationError as exc:
-            problems += [f"{path}: {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-        urls = {}
-        for name in ("ROLLOUT_QUEUE_URL", "RESULT_QUEUE_URL", "GENERATE_QUEUE_URL", "DLQ_URL"):
-            urls[name] = env.get(f"MTRL_{name}", "")
-            if not urls[name]:
-                problems.append(f"MTRL_{name} is not set")
-        try:
-            grace = float(env.get("MTRL_COLLECT_GRACE_S") or DEFAULT_COLLECT_GRACE_S)
-        except ValueError:
-            problems.append("MTRL_COLLECT_GRACE_S: not a number")
-            grace = DEFAULT_COLLECT_GRACE_S
-        operator_attempt = env.get("MTRL_ATTEMPT") or None
-        if operator_attempt is not None and not operator_attempt.isdigit():
-            problems.append("MTRL_ATTEMPT: not a whole number")
-        if problems or spec is None:
-            raise ConfigError("invalid trainer configuration: " + "; ".join(problems))
-        progress = env.get("MTRL_PROGRESS_FILE")
-        return cls(
-            spec=spec,
-            run_id=env.get("MTRL_RUN_ID") or "local",
-            run_name=env.get("MTRL_RUN_NAME") or "local",
-            rollout_queue_url=urls["ROLLOUT_QUEUE_URL"],
-            result_queue_url=urls["RESULT_QUEUE_URL"],
-            generate_queue_url=urls["GENERATE_QUEUE_URL"],
-            dlq_url=urls["DLQ_URL"],
-            payload_bucket=env.get("MTRL_PAYLOAD_BUCKET") or None,
-            progress_file=Path(progress) if progress else None,
-            progress_config_map=env.get("MTRL_PROGRESS_CONFIGMAP") or None,
-            namespace=env.get("MTRL_POD_NAMESPACE") or env.get("MTRL_NAMESPACE") or None,
-            device=env.get("MTRL_DEVICE") or None,
-            collect_grace_s=grace,
-            attempt=uuid.uuid4().hex[:8],
-            operator_attempt=int(operator_attempt) if operator_attempt else None,
-        )
+            settings = TrainerSettings.from_env(environ)
+        except InvalidSettings as exc:
+            # The spec's problems first: the termination message keeps only its first 4 KiB
+            spec = TrainerSettings.variable("spec")
+            problems = sorted(exc.problems, key=lambda problem: not problem.startswith(spec))
+            raise ConfigError("invalid trainer configuration: " + "; ".join(problems)) from None
+        return cls(**dict(settings), attempt=uuid.uuid4().hex[:8])

@@ -1,41 +1,34 @@
 """Worker configuration, read from MTRL_* environment variables (docs/environments.md).
 
-Each field `x` is read from `MTRL_X`; JSON-valued ones (`environment_args`, `reward_weights`)
-are parsed. All problems are reported at once, so a misconfigured pod says everything in one
-crash-loop message.
+Each field `x` is read from `MTRL_X` (mtrl_api.settings); JSON-valued ones (`environment_args`,
+`reward_weights`) are parsed. All problems are reported at once, so a misconfigured pod says
+everything in one crash-loop message.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
 
+from mtrl_api.settings import InvalidSettings
 from mtrl_rollout.offload import DEFAULT_THRESHOLD_BYTES
-
-PREFIX = "MTRL_"
+from mtrl_rollout.settings import DataPlaneSettings
 
 
 class ConfigError(ValueError):
     pass
 
 
-class WorkerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class WorkerConfig(DataPlaneSettings):
     run_id: str = Field(min_length=1, description="UID of the MultiTurnRLRun (tags, messages).")
     run_name: str = Field(default="", description="Name of the run (tags).")
     namespace: str = Field(default="", description="Namespace of the run (tags).")
     operator_id: str = Field(default="default", description="Operator that owns the run (tags).")
-    rollout_queue_url: str = Field(description="Queue of RolloutRequests this worker consumes.")
-    result_queue_url: str = Field(description="Default queue for RolloutResults.")
-    generate_queue_url: str = Field(description="The trainer's GenerateRequest queue.")
-    dlq_url: str = Field(description="Dead-letter queue for malformed messages.")
-    payload_bucket: str | None = Field(default=None, description="S3 bucket for large payloads.")
     offload_threshold_bytes: int = Field(
         default=DEFAULT_THRESHOLD_BYTES,
         gt=0,
@@ -43,10 +36,10 @@ class WorkerConfig(BaseModel):
         description="Bodies above this many bytes go to S3 behind a pointer.",
     )
     environment: str = Field(description="Environment name (entry point in mtrl.environments).")
-    environment_args: dict[str, Any] = Field(
+    environment_args: Annotated[dict[str, Any], NoDecode] = Field(
         default_factory=dict, description="JSON object of keyword arguments for the environment."
     )
-    reward_weights: dict[str, float] = Field(
+    reward_weights: Annotated[dict[str, float], NoDecode] = Field(
         default_factory=dict, description="JSON object: reward component -> weight override."
     )
     concurrency: int = Field(default=64, gt=0, description="Episodes run at once.")
@@ -76,31 +69,23 @@ class WorkerConfig(BaseModel):
     )
     sqs_pool_size: int = Field(default=32, gt=0, description="Connections and threads for SQS.")
 
+    @field_validator("environment_args", "reward_weights", mode="before")
+    @classmethod
+    def _parse_json(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON ({exc})") from None
+
     @property
     def reply_queue_prefix(self) -> str:
         return self.queue_prefix or f"mtrl-{self.run_id[:8]}"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> WorkerConfig:
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        problems: list[str] = []
-        for name, field in cls.model_fields.items():
-            raw = environ.get(PREFIX + name.upper())
-            if raw is None or (raw == "" and not field.is_required()):
-                continue
-            if name in ("environment_args", "reward_weights"):
-                try:
-                    values[name] = json.loads(raw)
-                except json.JSONDecodeError as exc:
-                    problems.append(f"{PREFIX}{name.upper()}: not JSON ({exc})")
-                    continue
-            else:
-                values[name] = raw
         try:
-            config = cls.model_validate(values)
-        except ValidationError as exc:
-            problems += [f"{PREFIX}{str(e['loc'][0]).upper()}: {e['msg']}" for e in exc.errors()]
-        if problems:
-            raise ConfigError("invalid worker configuration: " + "; ".join(problems))
-        return config
+            return super().from_env(environ)
+        except InvalidSettings as exc:
+            raise ConfigError(f"invalid worker configuration: {exc}") from None
