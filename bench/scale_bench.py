@@ -8,8 +8,9 @@ For each N, on the local control plane with moto, with compute simulated:
    ECS Fargate worker (moto holds tasks at RUNNING);
 3. time until every run's phase is Running;
 4. every PyTorchJob is marked Succeeded; time until every run is Succeeded and moto holds no
-   queue and no running task of any run (teardown);
-5. every run is deleted; time until the API server has none left;
+   queue, no running task and no task definition of any run (teardown; the workers' log
+   group stays with the finished run, for its last words);
+5. every run is deleted; time until the API server has none left, nor moto any log group;
 6. the operator's peak RSS (VmHWM) and CPU seconds from /proc (also at the moment all runs
    were Running, and the CPU of moto, kube-apiserver and etcd), its Kubernetes API requests
    from the API server's audit log (it runs as the chart's ServiceAccount, under the chart's
@@ -240,13 +241,14 @@ def measure(cluster: LocalCluster, moto: MotoServer, identity: ChartIdentity, ro
         trainer_operator.finish_all()
         t_succeeded = _until(lambda: runs.count("Succeeded") == n, timeout,
                              f"{n} runs Succeeded")
-        t_clean = _until(lambda: not census.all_aws()
+        # A finished run keeps its workers' log group (its last words) until it is deleted.
+        t_clean = _until(lambda: not set(census.all_aws()) - {"log_groups"}
                          and not list(client.list(PyTorchJob, namespace=namespace)), timeout,
                          "teardown of every run", interval=0.5)
         t_delete = time.monotonic()
         client.deletecollection(MultiTurnRLRun, namespace=namespace)
-        t_gone = _until(lambda: not runs.phases,
-                        timeout, f"{n} runs deleted")
+        t_gone = _until(lambda: not runs.phases and not census.all_aws(),
+                        timeout, f"{n} runs and their log groups deleted", interval=0.5)
         time.sleep(2)  # the audit log's batch writer flushes every second
         metrics_text = urllib.request.urlopen(
             f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()

@@ -436,8 +436,8 @@ class Controller:
             progress = await self.kube.get("ConfigMap", names.progress_config_map,
                                            names.namespace) or progress
         if found is None:  # no current attempt: the refs name any workload that is left
-            key = next(iter(workloads), (None, None))
-            return TrainerSeen(None, workloads, progress, *key)
+            left: tuple[str | None, str | None] = next(iter(workloads), (None, None))
+            return TrainerSeen(None, workloads, progress, *left)
         (kind, name), obj = found
         current = trainer_state(kind, obj, status.attempts)
         if lookups.needs_trainer_pods(current, lookups.is_live(spec, status, deleting)):
