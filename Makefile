@@ -82,8 +82,11 @@ SOAK_MINUTES ?= 30
 soak: install tools ## bounded soak (SOAK_MINUTES, default 30): flat memory, no leaks; result in BENCHMARKS.md
 	$(BIN)/python bench/soak.py --minutes $(SOAK_MINUTES)
 
+image-contents: install ## what each image's Python layer holds and its size, without Docker (downloads the wheels)
+	$(BIN)/python hack/image-contents.py
+
 clean: ## remove the venv and local state (not the cached binaries)
 	rm -rf $(VENV) $(CLUSTER_DIR) out .pytest_cache .ruff_cache
 
 .PHONY: help install tools crds lint test cluster-up dev-up cluster-down moto demo e2e-kind bench soak clean \
-	bench-wheels bench-wheels-cpu gpu-check
+	bench-wheels bench-wheels-cpu gpu-check image-contents

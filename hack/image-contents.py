@@ -5,7 +5,7 @@ wheel stage does, install it with the extra its final stage asks for into a fres
 and print the first-party packages, the distributions and their size on disk. The trainer
 image's base already holds torch (and CUDA's wheels), so those are left out of its count.
 
-    .venv/bin/python hack/image-contents.py               # this checkout
+    make image-contents                                   # this checkout
     .venv/bin/python hack/image-contents.py --source DIR  # another tree (e.g. a git worktree)
 """
 

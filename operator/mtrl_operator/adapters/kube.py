@@ -207,6 +207,12 @@ class Kube:
             raise
         return dict(_dict(obj)["metadata"])
 
+    async def labelled(self, kind: str, namespace: str,
+                       labels: dict[str, Any]) -> list[dict[str, Any]]:
+        """Objects of `kind` in `namespace` carrying `labels`, read from the server."""
+        return [_dict(obj) async for obj in
+                self.client.list(KINDS[kind], namespace=namespace, labels=labels)]
+
     async def pod_log(self, name: str, namespace: str, container: str,
                       tail_lines: int) -> str | None:
         """The tail of a container's log (pods/log, as `kubectl logs --tail`); None when the

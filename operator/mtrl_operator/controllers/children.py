@@ -1,7 +1,8 @@
 """The runs' children, cached from label-selected watches: trainer workloads, worker
 Deployments, progress ConfigMaps and the pods of both, by the UID of the run that owns them;
-and the cluster's nodes, for preflight. A reconcile reads these and lists nothing itself, so its
-cost stays flat however many runs there are (docs/scale.md).
+and the cluster's nodes, for preflight. A reconcile reads these instead of listing (all but a
+failed trainer's pods, read once per failed attempt), so its cost stays flat however many runs
+there are (docs/scale.md).
 
 Each watch is an informer: list, then watch from the list's version; when the watch ends, list
 again, and a fresh list is the truth for its kind and namespace. Until every watch has listed

@@ -3,7 +3,8 @@ observation, `reconcile.run.decide` and the actions together.
 
 Runs arrive from kopf's watch; their children, their pods and the cluster's nodes from
 `Children`'s watches; AWS state is read per reconcile, as much as `reconcile.lookups` asks. A
-reconcile lists nothing in Kubernetes, so its cost per run stays flat as runs are added.
+reconcile lists nothing in Kubernetes but a failed trainer's pods, once per failed attempt, so
+its cost per run stays flat as runs are added.
 """
 
 from __future__ import annotations
@@ -441,8 +442,10 @@ class Controller:
         (kind, name), obj = found
         current = trainer_state(kind, obj, status.attempts)
         if lookups.needs_trainer_pods(current, lookups.is_live(spec, status, deleting)):
-            pods = self.children.pods_of(names.uid, {**names.labels("trainer"),
-                                                     LABEL_ATTEMPT: str(current.attempt)})
+            labels = {**names.labels("trainer"), LABEL_ATTEMPT: str(current.attempt)}
+            pods = (await self.kube.labelled("Pod", names.namespace, labels)
+                    if lookups.trainer_pods_live(current)
+                    else self.children.pods_of(names.uid, labels))
             current = (with_cause(current, pods) if current.state == TrainerState.FAILED
                        else with_placement(current, pods))
         return TrainerSeen(current, workloads, progress, kind, name)

@@ -76,6 +76,14 @@ def needs_trainer_pods(trainer: TrainerObserved | None, live: bool) -> bool:
         trainer.state in (TrainerState.FAILED, TrainerState.PENDING)
 
 
+def trainer_pods_live(trainer: TrainerObserved) -> bool:
+    """Whether the trainer's pods are read from the API server rather than the cache: a failed
+    trainer's, once per attempt, because the pods' watch may not have brought the container's
+    termination yet when the workload's says Failed, and the words are lost with the workload;
+    a pending trainer's are looked at on every poll, and a cache a moment behind is as good."""
+    return trainer.state == TrainerState.FAILED
+
+
 def needs_worker_pods(live: bool, desired: int, ready: int) -> bool:
     """Workers short of ready: the kubelet's and the worker's words say why."""
     return live and ready < desired

@@ -84,6 +84,11 @@ def test_trainer_pods_are_read_for_a_failed_or_pending_trainer(
     assert not lookups.needs_trainer_pods(None, live=True)
 
 
+def test_only_a_failed_trainers_pods_are_read_live() -> None:
+    assert lookups.trainer_pods_live(TrainerObserved(attempt=1, state=TrainerState.FAILED))
+    assert not lookups.trainer_pods_live(TrainerObserved(attempt=1, state=TrainerState.PENDING))
+
+
 def test_worker_pods_are_read_only_when_workers_are_short_of_ready() -> None:
     assert lookups.needs_worker_pods(True, desired=2, ready=1)
     assert not lookups.needs_worker_pods(True, desired=2, ready=2)
