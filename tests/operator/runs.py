@@ -63,11 +63,18 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: floa
 
 def wait_phase(cluster: LocalCluster, namespace: str, name: str, phase: str,
                timeout: float = 90) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
     def check() -> dict[str, Any] | None:
         run = get(cluster, namespace, name)
-        return run if run and (run.get("status") or {}).get("phase") == phase else None
+        status = (run or {}).get("status") or {}
+        seen.update(phase=status.get("phase"), message=status.get("message"))
+        return run if status.get("phase") == phase else None
 
-    return wait_for(check, timeout, f"{namespace}/{name} to reach {phase}")
+    try:
+        return wait_for(check, timeout, f"{namespace}/{name} to reach {phase}")
+    except AssertionError as exc:  # say where the run is instead
+        raise AssertionError(f"{exc} (phase {seen.get('phase')!r}: {seen.get('message')!r})") from None
 
 
 def names_of(run: dict[str, Any], operator_id: str = "shared") -> RunNames:
