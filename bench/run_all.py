@@ -22,7 +22,7 @@ BENCHES = [
     ("Operator overhead (P1-P3)",
      [PY, "bench/operator_bench.py", "--runs", "20"]),
     ("Scale: one operator, many concurrent runs (P4)",
-     [PY, "bench/scale_bench.py", "--runs", "10", "100", "500"]),
+     [PY, "bench/scale_bench.py", "--runs", "10", "100", "500", "1000"]),
     ("Failover: the chart's two replicas, the leader killed (issue 12)",
      [PY, "bench/failover_bench.py", "--kills", "3"]),
     ("Transport (P5)",

@@ -18,7 +18,7 @@ For each N, on the local control plane with moto, with compute simulated:
    from its `mtrl_cloud_api_requests_total` counter (botocore's before-send: retries
    included), and its reconciles from `mtrl_reconcile_seconds_count`.
 
-    python bench/scale_bench.py --runs 10 100 500
+    python bench/scale_bench.py --runs 10 100 500 1000
 """
 
 from __future__ import annotations
@@ -203,6 +203,17 @@ def _until(check: Any, timeout: float, what: str, interval: float = POLL) -> flo
     return time.monotonic()
 
 
+def delete_all(client: Client, namespace: str) -> None:
+    """DeleteCollection of every run, asked again when the API server cuts the call: its
+    request timeout (60 s) is shorter than marking 1,000 runs deleted one after another."""
+    while True:
+        try:
+            client.deletecollection(MultiTurnRLRun, namespace=namespace)
+            return
+        except httpx2.TransportError as exc:
+            print(f"deletecollection cut ({exc!r}); asking again", file=sys.stderr, flush=True)
+
+
 def measure(cluster: LocalCluster, moto: MotoServer, identity: ChartIdentity, root: Path, n: int,
             timeout: float) -> dict[str, Any]:
     moto.reset()
@@ -246,7 +257,7 @@ def measure(cluster: LocalCluster, moto: MotoServer, identity: ChartIdentity, ro
                          and not list(client.list(PyTorchJob, namespace=namespace)), timeout,
                          "teardown of every run", interval=0.5)
         t_delete = time.monotonic()
-        client.deletecollection(MultiTurnRLRun, namespace=namespace)
+        delete_all(client, namespace)
         t_gone = _until(lambda: not runs.phases and not census.all_aws(),
                         timeout, f"{n} runs and their log groups deleted", interval=0.5)
         time.sleep(2)  # the audit log's batch writer flushes every second
@@ -320,7 +331,7 @@ def _per_run(results: list[dict[str, Any]], key: str, title: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, nargs="+", default=[10, 100, 500])
+    parser.add_argument("--runs", type=int, nargs="+", default=[10, 100, 500, 1000])
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds allowed for each stage at each N")
     parser.add_argument("--out", type=Path, default=None)
