@@ -48,6 +48,18 @@ def _node(obj: dict[str, Any]) -> dict[str, Any]:
             "status": {"allocatable": (obj.get("status") or {}).get("allocatable") or {}}}
 
 
+def _keep(cache: dict[str, dict[Any, dict[str, Any]]], uid: str, key: Any,
+          obj: dict[str, Any] | None) -> None:
+    """Cache one of a run's several children of a kind, or drop it (`obj` None): a drop never
+    makes an entry, since a late DELETED after the run's own would leak one."""
+    if obj is not None:
+        cache.setdefault(uid, {})[key] = obj
+    elif (children := cache.get(uid)) is not None:
+        children.pop(key, None)
+        if not children:
+            del cache[uid]
+
+
 class Children:
     def __init__(self, kube: Kube, scopes: list[str], changed: Callable[[str], None],
                  nodes: bool = True) -> None:
@@ -103,23 +115,11 @@ class Children:
         if not uid:
             return
         if kind == "Pod":
-            if gone:  # never a new entry, as for trainers below
-                pods = self.pods.get(uid, {})
-                pods.pop(name, None)
-                if not pods:
-                    self.pods.pop(uid, None)
-            else:
-                obj["metadata"].pop("managedFields", None)
-                self.pods.setdefault(uid, {})[name] = obj
+            obj["metadata"].pop("managedFields", None)
+            _keep(self.pods, uid, name, None if gone else obj)
             return
         if kind in TRAINER_KINDS:
-            if gone:  # never a new entry: a late DELETED after the run's own would leak one
-                trainers = self.trainers.get(uid, {})
-                trainers.pop((kind, name), None)
-                if not trainers:
-                    self.trainers.pop(uid, None)
-            else:
-                self.trainers.setdefault(uid, {})[(kind, name)] = obj
+            _keep(self.trainers, uid, (kind, name), None if gone else obj)
         else:
             cache = self.deployments if kind == "Deployment" else self.progress
             if gone:
