@@ -60,8 +60,15 @@ def _object(event: kopf.RawEvent) -> dict[str, Any]:
     return cast(dict[str, Any], event["object"])
 
 
+def _ours(event: kopf.RawEvent) -> bool:
+    """In a watched namespace: kopf watches the whole cluster when they are globs."""
+    return STATE.settings.watches(_object(event)["metadata"].get("namespace", ""))
+
+
 @kopf.on.event(GROUP, VERSION, "multiturnrlruns")
 def run_event(*, event: kopf.RawEvent, **_: Any) -> None:
+    if not _ours(event):
+        return
     if STATE.controller:
         STATE.controller.on_run(event.get("type"), _object(event))
     if STATE.triggers:  # a trigger counts its runs' phases
@@ -70,5 +77,7 @@ def run_event(*, event: kopf.RawEvent, **_: Any) -> None:
 
 @kopf.on.event(GROUP, VERSION, "multiturnrltriggers")
 def trigger_event(*, event: kopf.RawEvent, **_: Any) -> None:
+    if not _ours(event):
+        return
     if STATE.triggers:
         STATE.triggers.on_trigger(event.get("type"), _object(event))

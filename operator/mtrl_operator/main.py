@@ -132,8 +132,8 @@ async def serve(settings: Settings) -> int:
             mutations.fence(elector.holding)
             metrics.LEADER.set(1)
         # A lost Lease ends the process from the election thread, whatever kopf is doing.
-        await kopf.operator(clusterwide=not settings.namespaces, namespaces=settings.namespaces,
-                            standalone=True)
+        clusterwide, namespaces = settings.kopf_scope
+        await kopf.operator(clusterwide=clusterwide, namespaces=namespaces, standalone=True)
         if elector is not None:
             await elector.release()
             metrics.LEADER.set(0)

@@ -8,6 +8,7 @@ dashes, and its description is what `mtrl operator --help` prints.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import functools
 import os
 import socket
@@ -125,6 +126,23 @@ class Settings(MtrlSettings):
         if not self.namespaces or any(c in ns for ns in self.namespaces for c in "*?["):
             return ["*"]
         return list(self.namespaces)
+
+    @property
+    def kopf_scope(self) -> tuple[bool, list[str]]:
+        """(clusterwide, namespaces) for kopf. A glob is matched by the operator (`watches`),
+        with kopf watching the whole cluster: kopf 1.45 follows a pattern through its namespace
+        observer, whose watch drops the namespaces it lists when it (re)starts
+        (kopf/_core/reactor/observation.py, `process_discovered_namespace_event` returns on
+        the listing's events), so a namespace created while the operator starts was never
+        watched, and its runs never reconciled, until the next restart."""
+        if self.list_scopes == ["*"]:
+            return True, []
+        return False, list(self.namespaces)
+
+    def watches(self, namespace: str) -> bool:
+        """Whether runs and triggers in `namespace` are this operator's."""
+        return not self.namespaces or any(fnmatch.fnmatchcase(namespace, pattern)
+                                          for pattern in self.namespaces)
 
     @property
     def lease(self) -> tuple[str, str]:

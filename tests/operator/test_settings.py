@@ -46,3 +46,17 @@ def test_identities_are_unique_per_process() -> None:
     settings = Settings(pod_name="mtrl-operator-7d9f")
     first, second = settings.new_identity(), settings.new_identity()
     assert first != second and first.startswith("mtrl-operator-7d9f_")
+
+
+@pytest.mark.parametrize(("namespaces", "scope", "ours", "not_ours"), [
+    ("", (True, []), ["team-a", "default"], []),
+    ("team-a,team-b", (False, ["team-a", "team-b"]), ["team-a", "team-b"], ["team-c"]),
+    # A glob is matched here, with kopf cluster-wide (docs/operator.md, "kopf").
+    ("t-*,ml", (True, []), ["t-1", "t-", "ml"], ["team", "mlx", "xt-1"]),
+])
+def test_kopf_watches_exact_namespaces_and_the_operator_matches_globs(
+        namespaces: str, scope: tuple[bool, list[str]], ours: list[str],
+        not_ours: list[str]) -> None:
+    settings = Settings.from_env({"MTRL_NAMESPACES": namespaces})
+    assert settings.kopf_scope == scope
+    assert [ns for ns in ours + not_ours if settings.watches(ns)] == ours
