@@ -88,7 +88,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A real control plane (etcd, kube-apiserver, controller-manager, scheduler, node agent)
     with the project's CRDs installed."""
     root = tmp_path_factory.mktemp("cluster")
-    local = LocalCluster(root).start()
+    local = LocalCluster(root, training_operator=True).start()
     try:
         local.install_crds(REPO_ROOT / "crds")
         yield local

@@ -48,8 +48,8 @@ def _name(common_name: str, organization: str | None = None) -> x509.Name:
     return x509.Name(attrs)
 
 
-def _issue(subject: x509.Name, key: ec.EllipticCurvePrivateKey, issuer: x509.Name,
-           issuer_key: ec.EllipticCurvePrivateKey, *, ca: bool,
+def _issue(subject: x509.Name, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey,
+           issuer: x509.Name, issuer_key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey, *, ca: bool,
            usages: list[x509.ObjectIdentifier], sans: list[x509.GeneralName]) -> x509.Certificate:
     now = dt.datetime.now(dt.UTC)
     builder = (
@@ -110,3 +110,57 @@ def generate(root: Path, *, clients: dict[str, tuple[str, str | None]]) -> Pki:
     pki.path("sa.pub").write_bytes(sa_key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return pki
+
+
+@dataclass(frozen=True)
+class WebhookPki:
+    """A webhook server's CA and serving pair, PEM-encoded, as a cert rotator keeps them in its
+    Secret (`ca.crt`, `ca.key`, `tls.crt`, `tls.key`)."""
+
+    ca_cert: bytes
+    ca_key: bytes
+    cert: bytes
+    key: bytes
+
+    def secret_data(self) -> dict[str, bytes]:
+        return {"ca.crt": self.ca_cert, "ca.key": self.ca_key, "tls.crt": self.cert,
+                "tls.key": self.key}
+
+
+def webhook_pki(ca_name: str, dns_names: list[str], validity: dt.timedelta = _VALIDITY
+                ) -> WebhookPki:
+    """A CA named `ca_name` and a serving pair for `dns_names` and 127.0.0.1.
+
+    open-policy-agent/cert-controller (the cert rotator of Kubeflow's training operator and of
+    Kueue) keeps the pair it finds in its Secret when both verify: the CA against its own name
+    as a DNS name, the serving cert against the webhook Service's DNS name, each valid beyond
+    its 90-day look-ahead (pkg/rotator/rotator.go, `validCACert`, `validServerCert`); it reads
+    the CA key as PKCS#1 RSA (`x509.ParsePKCS1PrivateKey`), so the keys are RSA. The API server
+    reaches the webhook on loopback, so 127.0.0.1 is a SAN too."""
+    ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    ca_subject = _name(ca_name)
+    now = dt.datetime.now(dt.UTC)
+    ca = (x509.CertificateBuilder()
+          .subject_name(ca_subject).issuer_name(ca_subject).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number())
+          .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + validity)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(
+              digital_signature=True, key_encipherment=False, content_commitment=False,
+              data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+              encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectAlternativeName([x509.DNSName(ca_name)]), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    cert = _issue(_name(dns_names[0]), key, ca_subject, ca_key, ca=False,
+                  usages=[ExtendedKeyUsageOID.SERVER_AUTH], sans=sans)
+
+    def pem_key(k: rsa.RSAPrivateKey) -> bytes:
+        return k.private_bytes(serialization.Encoding.PEM,
+                               serialization.PrivateFormat.TraditionalOpenSSL,
+                               serialization.NoEncryption())
+
+    return WebhookPki(ca.public_bytes(serialization.Encoding.PEM), pem_key(ca_key),
+                      cert.public_bytes(serialization.Encoding.PEM), pem_key(key))

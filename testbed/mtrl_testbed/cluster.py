@@ -26,6 +26,7 @@ import yaml
 
 from mtrl_testbed import certs
 from mtrl_testbed.ports import ServerExited, free_port, wait_until
+from mtrl_testbed.training_operator import TrainingOperator
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-tools.sh"
@@ -80,6 +81,8 @@ class LocalCluster:
     """The node agent's log endpoint (the kubelet's port), registered in every Node."""
     audit_users: tuple[str, ...] = ()
     """Users whose requests the API server writes to `audit_log` (one line per request)."""
+    training_operator: bool = False
+    """Run Kubeflow's training operator (PyTorchJob), the real one, with its webhook."""
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -197,6 +200,8 @@ class LocalCluster:
             wait_until(self._default_service_account_exists, timeout,
                        "kube-controller-manager (default ServiceAccount)", interval=0.5)
             wait_until(self._nodes_ready, timeout, "node agent (Ready nodes)", interval=0.5)
+            if self.training_operator:
+                self._start_training_operator(timeout)
         except Exception:
             self.stop()
             raise
@@ -246,12 +251,30 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ internals
 
-    def _spawn(self, name: str, args: list[str], python_module: str | None = None) -> None:
+    def _spawn(self, name: str, args: list[str], python_module: str | None = None,
+               binary: Path | None = None, env: dict[str, str] | None = None) -> None:
         log = open(self.root / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (owned by the child)
         cmd = ([sys.executable, "-m", python_module, *args] if python_module
-               else [str(self.bin_dir / name), *args])
+               else [str(binary or self.bin_dir / name), *args])
         self._procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True)
+                                             start_new_session=True,
+                                             env={**os.environ, **(env or {})})
+
+    def _start_training_operator(self, timeout: float) -> None:
+        to = TrainingOperator(self.root / "training-operator")
+        self.install_crds(to.crd)
+        pki = to.prepare(self.kubectl)
+        # Its cert rotator is ready only once it has put the CA into this configuration.
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                     input=json.dumps(to.webhook_configuration(pki)))
+        self._spawn("training-operator", to.args(self.kubeconfig), binary=to.binary,
+                    env=to.env())
+
+        def ready() -> bool:
+            self._check_alive("training-operator")
+            return to.ready()
+
+        wait_until(ready, timeout, "training-operator (/readyz)", interval=0.25)
 
     def _start_etcd(self, timeout: float) -> None:
         self._spawn("etcd", [

@@ -136,7 +136,6 @@ def examples_env(cluster: LocalCluster, moto_server: MotoServer,
                  operator_factory: Callable[..., OperatorProcess]) -> Iterator[dict[str, str]]:
     """What the cloud would already hold for the examples, and an operator watching their
     namespace."""
-    cluster.install_crds(FIXTURES / "kubeflow.org_pytorchjobs.yaml")
     cluster.install_crds(FIXTURES / "sagemaker.amazonaws.com_hyperpodpytorchjobs.yaml")
     subnet, group = moto_server.prepare_fargate(cluster="mtrl-workers")
     # The buckets and objects the examples name: preflight fails a run whose data is missing.

@@ -1,6 +1,10 @@
-"""PyTorchJob and HyperPodPyTorchJob launchers against the real API server with those kinds'
-published (PyTorchJob) or reconstructed (HyperPodPyTorchJob, see tests/fixtures) CRDs. No
-training operator runs here, so the test plays its status transitions."""
+"""PyTorchJob and HyperPodPyTorchJob launchers against the real API server.
+
+PyTorchJobs meet Kubeflow's real training operator (v1.9.3, `LocalCluster(...,
+training_operator=True)`): its webhook admits or refuses them, it creates their pods and
+Services, and it writes their conditions; the node agent runs the pods. HyperPodPyTorchJob's
+operator is closed source: its CRD is reconstructed (tests/fixtures) and the test plays its
+status transitions, or `StandInTrainingOperators` does."""
 
 from __future__ import annotations
 
@@ -27,11 +31,12 @@ from tests.operator.training_operators import StandInTrainingOperators
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "thirdparty-crds"
 pytestmark = [pytest.mark.cluster, pytest.mark.aws, pytest.mark.slow]
+STANDIN_TRAINER = ["python", "-m", "mtrl_testbed.standin_trainer", "--step-seconds", "0.2"]
 
 
 @pytest.fixture(scope="module")
 def launcher_crds(cluster: LocalCluster) -> None:
-    cluster.install_crds(FIXTURES / "kubeflow.org_pytorchjobs.yaml")
+    """HyperPod's CRD; the cluster's training operator installed PyTorchJob's own."""
     cluster.install_crds(FIXTURES / "sagemaker.amazonaws.com_hyperpodpytorchjobs.yaml")
 
 
@@ -64,55 +69,115 @@ def _workload(cluster: LocalCluster, resource: str, namespace: str) -> dict:
     return wait_for(found, 60, f"a {resource} to be created")
 
 
-@pytest.mark.parametrize(("launcher", "resource", "running", "done"), [
-    ("PyTorchJob", "pytorchjobs.kubeflow.org", ("Created", "Running"),
-     ("Created", "Succeeded")),
-    ("HyperPodPyTorchJob", "hyperpodpytorchjobs.sagemaker.amazonaws.com",
-     ("Created", "Running"), ("Created", "Completed")),
-])
-def test_launcher_lifecycle(cluster: LocalCluster, operator: OperatorProcess, namespace: str,
-                            launcher_crds: None, launcher: str, resource: str,
-                            running: tuple[str, ...], done: tuple[str, ...]) -> None:
+def test_the_pytorchjob_the_operator_renders_passes_the_real_webhook(
+        cluster: LocalCluster, operator: OperatorProcess, namespace: str) -> None:
+    """Two nodes of eight GPUs: a Master and a Worker, admitted by the training operator's
+    validating webhook (which refuses a job without a container named `pytorch`, or with a
+    name that is not a DNS-1035 label), with one restartPolicy, on the replica."""
+    resource = "pytorchjobs.kubeflow.org"
     apply(cluster, namespace, run_manifest("gpu", trainer={
-        "launcher": launcher, "gpusPerNode": 8, "efaPerNode": 32, "nodes": 2,
+        "launcher": "PyTorchJob", "gpusPerNode": 8, "efaPerNode": 32, "nodes": 2,
         "restrictedInstanceGroup": True, "command": None},  # the command the operator renders
         scheduling={"queueName": "hyperpod-ns-a-localqueue"}))
     job = _workload(cluster, resource, namespace)
     meta = job["metadata"]
     assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-a-localqueue"
     assert meta["ownerReferences"][0]["kind"] == "MultiTurnRLRun"
-    if launcher == "PyTorchJob":
-        # A t-* namespace is not one HyperPod auto-resume acts in: the operator retries, so
-        # nothing else may (docs/hyperpod.md, "Who retries").
-        assert "sagemaker.amazonaws.com/enable-job-auto-resume" not in \
-            (meta.get("annotations") or {})
-        specs = job["spec"]["pytorchReplicaSpecs"]
-        assert specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 1
-        assert specs["Master"]["restartPolicy"] == specs["Worker"]["restartPolicy"] == "Never"
-        assert job["spec"]["runPolicy"]["backoffLimit"] == 0
-        pod = specs["Master"]["template"]["spec"]
-        assert "--master-addr=$(MASTER_ADDR)" in pod["containers"][0]["command"]
-    else:
-        policy = job["spec"]["runPolicy"]
-        assert policy["jobMaxRetryCount"] == 3 and policy["ttlSecondsAfterFinished"] > 0
-        assert job["spec"]["replicaSpecs"][0]["replicas"] == 2
-        template = job["spec"]["replicaSpecs"][0]["template"]
-        assert template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == \
-            "hyperpod-ns-a-localqueue"
-        pod = template["spec"]
-        container = pod["containers"][0]
-        assert container["command"][:2] == ["hyperpodrun", "--nnodes=2"]
-        assert {"name": "elastic-agent", "containerPort": 8080} in \
-            [{k: p[k] for k in ("name", "containerPort")} for p in container["ports"]]
-    limits = pod["containers"][0]["resources"]["limits"]
-    assert limits["nvidia.com/gpu"] in (8, "8") and limits["vpc.amazonaws.com/efa"] in (32, "32")
-    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"][0]["matchExpressions"]
-    assert {"key": "node.kubernetes.io/instance-type", "operator": "In",
-            "values": ["ml.p5.48xlarge"]} in terms
-    assert any(t["key"] == "sagemaker.amazonaws.com/instance-group-type" for t in terms)
-    assert {"key": "sagemaker.amazonaws.com/RestrictedNode", "operator": "Equal",
-            "value": "Worker", "effect": "NoSchedule"} in pod["tolerations"]
+    # A t-* namespace is not one HyperPod auto-resume acts in: the operator retries, so
+    # nothing else may (docs/hyperpod.md, "Who retries").
+    assert "sagemaker.amazonaws.com/enable-job-auto-resume" not in (meta.get("annotations") or {})
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 1
+    assert specs["Master"]["restartPolicy"] == specs["Worker"]["restartPolicy"] == "Never"
+    policy = job["spec"]["runPolicy"]  # the controller adds its defaults (suspend: false)
+    assert policy["cleanPodPolicy"] == "Running" and "backoffLimit" not in policy, policy
+    pod = specs["Master"]["template"]["spec"]
+    assert "restartPolicy" not in pod
+    assert "--master-addr=$(MASTER_ADDR)" in pod["containers"][0]["command"]
+    _assert_gpu_pod(pod)
+    # The real controller took it: its Created condition, and no warning about the template.
+    wait_for(lambda: "Created" in _condition_types(cluster, resource, namespace, meta["name"]),
+             60, "the training operator's Created condition")
+    warnings = _event_reasons(cluster, namespace, meta["name"], "Warning")
+    assert "SetPodTemplateRestartPolicy" not in warnings, warnings
+    names = names_of(get(cluster, namespace, "gpu"))
+    cluster.kubectl("delete", "mtrlrun", "gpu", "-n", namespace, "--timeout=60s")
+    wait_clean(cluster, names)
+
+
+def test_a_pytorchjob_trains_through_the_real_training_operator(
+        cluster: LocalCluster, operator: OperatorProcess, namespace: str) -> None:
+    """The controller makes the Master pod and its Service and says the job succeeded (its
+    Events outlive the job, which the operator deletes at once); the run ends Succeeded after
+    one attempt."""
+    resource = "pytorchjobs.kubeflow.org"
+    apply(cluster, namespace, run_manifest("real", trainer={
+        "launcher": "PyTorchJob", "command": STANDIN_TRAINER}, grpo={"maxSteps": 3}))
+    job = _workload(cluster, resource, namespace)["metadata"]["name"]
+    run = wait_phase(cluster, namespace, "real", "Succeeded", timeout=120)
+    assert run["status"]["attempts"] == 1 and run["status"]["progress"]["step"] == 3, \
+        run["status"]
+    assert condition(run, "Complete")["reason"] == "TrainingComplete"
+    reasons = _event_reasons(cluster, namespace, job)
+    assert {"SuccessfulCreatePod", "SuccessfulCreateService", "PyTorchJobSucceeded"} <= \
+        set(reasons), reasons
+    wait_clean(cluster, names_of(run))
+
+
+def test_a_failed_pytorchjobs_words_survive_the_controllers_clean_up(
+        cluster: LocalCluster, operator: OperatorProcess, namespace: str) -> None:
+    """Kubeflow's controller cleans up a failed job's pods; the operator still reads the
+    trainer's own words from them: a crash is retried in a new attempt (that succeeds here),
+    and a configuration error (exit code 2) ends the run at once, in the trainer's words."""
+    flaky = ["python", "-c", "import os, sys; print('trainer: boom', flush=True); "
+             "sys.exit(0 if os.environ['MTRL_ATTEMPT'] == '2' else 1)"]
+    misconfigured = ["python", "-c", "import os, sys; open(os.environ["
+                     "'MTRL_TERMINATION_MESSAGE_PATH'], 'w').write('configuration error: "
+                     "spec.model.name: no model nope/nope'); sys.exit(2)"]
+    apply(cluster, namespace, run_manifest("flaky", trainer={
+        "launcher": "PyTorchJob", "command": flaky}, lifecycle={"backoffLimit": 2}))
+    apply(cluster, namespace, run_manifest("misconfigured", trainer={
+        "launcher": "PyTorchJob", "command": misconfigured}, lifecycle={"backoffLimit": 2}))
+    run = wait_phase(cluster, namespace, "misconfigured", "Failed", timeout=120)
+    assert run["status"]["attempts"] == 1, run["status"]
+    assert condition(run, "Failed")["reason"] == "TrainerConfigError", run["status"]
+    assert "not retried: configuration error: spec.model.name: no model nope/nope (exit code 2)" \
+        in run["status"]["message"], run["status"]["message"]
+    run = wait_phase(cluster, namespace, "flaky", "Succeeded", timeout=120)
+    assert run["status"]["attempts"] == 2, run["status"]
+    names = names_of(run)
+    kept = json.loads(cluster.kubectl("get", "configmap", names.trainer_log(1), "-n", namespace,
+                                      "-o", "json").stdout)
+    assert "trainer: boom" in kept["data"]["log"], kept["data"]
+    for name in ("misconfigured", "flaky"):
+        wait_clean(cluster, names_of(get(cluster, namespace, name)))
+
+
+@pytest.mark.parametrize(("running", "done"), [(("Created", "Running"), ("Created", "Completed"))])
+def test_hyperpod_launcher_lifecycle(cluster: LocalCluster, operator: OperatorProcess,
+                                     namespace: str, launcher_crds: None,
+                                     running: tuple[str, ...], done: tuple[str, ...]) -> None:
+    resource = "hyperpodpytorchjobs.sagemaker.amazonaws.com"
+    apply(cluster, namespace, run_manifest("gpu", trainer={
+        "launcher": "HyperPodPyTorchJob", "gpusPerNode": 8, "efaPerNode": 32, "nodes": 2,
+        "restrictedInstanceGroup": True, "command": None},  # the command the operator renders
+        scheduling={"queueName": "hyperpod-ns-a-localqueue"}))
+    job = _workload(cluster, resource, namespace)
+    meta = job["metadata"]
+    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-a-localqueue"
+    assert meta["ownerReferences"][0]["kind"] == "MultiTurnRLRun"
+    policy = job["spec"]["runPolicy"]
+    assert policy["jobMaxRetryCount"] == 3 and policy["ttlSecondsAfterFinished"] > 0
+    assert job["spec"]["replicaSpecs"][0]["replicas"] == 2
+    template = job["spec"]["replicaSpecs"][0]["template"]
+    assert template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == \
+        "hyperpod-ns-a-localqueue"
+    pod = template["spec"]
+    container = pod["containers"][0]
+    assert container["command"][:2] == ["hyperpodrun", "--nnodes=2"]
+    assert {"name": "elastic-agent", "containerPort": 8080} in \
+        [{k: p[k] for k in ("name", "containerPort")} for p in container["ports"]]
+    _assert_gpu_pod(pod)
 
     _set_conditions(cluster, resource, namespace, meta["name"], *running)
     wait_phase(cluster, namespace, "gpu", "Running")
@@ -130,29 +195,28 @@ def test_launcher_lifecycle(cluster: LocalCluster, operator: OperatorProcess, na
     assert gone == ""
 
 
-def test_restarting_then_failed_pytorchjob_is_retried(cluster: LocalCluster,
-                                                     operator: OperatorProcess, namespace: str,
-                                                     launcher_crds: None) -> None:
-    resource = "pytorchjobs.kubeflow.org"
-    apply(cluster, namespace, run_manifest("flaky-gpu", trainer={
-        "launcher": "PyTorchJob", "gpusPerNode": 8}, lifecycle={"backoffLimit": 1}))
-    first = _workload(cluster, resource, namespace)["metadata"]["name"]
-    _set_conditions(cluster, resource, namespace, first, "Created", "Restarting")
-    wait_for(lambda: (get(cluster, namespace, "flaky-gpu") or {}).get("status", {})
-             .get("attempts") == 1, 10, "a Restarting job to stay the same attempt")
-    _set_conditions(cluster, resource, namespace, first, "Created", "Failed")
-    wait_for(lambda: (get(cluster, namespace, "flaky-gpu") or {}).get("status", {})
-             .get("attempts") == 2, 60, "a second attempt")
-    second = wait_for(lambda: [n for n in cluster.kubectl(
-        "get", resource, "-n", namespace, "-o", "name").stdout.split() if not n.endswith(first)],
-        60, "the second attempt's PyTorchJob")[0].split("/")[-1]
-    _set_conditions(cluster, resource, namespace, second, "Created", "Succeeded")
-    run = wait_phase(cluster, namespace, "flaky-gpu", "Succeeded")
-    assert run["status"]["attempts"] == 2
-    wait_clean(cluster, names_of(run))
+def _assert_gpu_pod(pod: dict) -> None:
+    limits = pod["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] in (8, "8") and limits["vpc.amazonaws.com/efa"] in (32, "32")
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchExpressions"]
+    assert {"key": "node.kubernetes.io/instance-type", "operator": "In",
+            "values": ["ml.p5.48xlarge"]} in terms
+    assert any(t["key"] == "sagemaker.amazonaws.com/instance-group-type" for t in terms)
+    assert {"key": "sagemaker.amazonaws.com/RestrictedNode", "operator": "Equal",
+            "value": "Worker", "effect": "NoSchedule"} in pod["tolerations"]
 
 
-STANDIN_TRAINER = ["python", "-m", "mtrl_testbed.standin_trainer", "--step-seconds", "0.2"]
+def _event_reasons(cluster: LocalCluster, namespace: str, name: str, type_: str = "") -> list[str]:
+    selector = f"involvedObject.name={name}" + (f",type={type_}" if type_ else "")
+    return cluster.kubectl("get", "events", "-n", namespace, "--field-selector", selector, "-o",
+                           "jsonpath={.items[*].reason}").stdout.split()
+
+
+def _condition_types(cluster: LocalCluster, resource: str, namespace: str, name: str) -> list[str]:
+    job = json.loads(cluster.kubectl("get", resource, name, "-n", namespace, "-o",
+                                     "json").stdout)
+    return [c["type"] for c in (job.get("status") or {}).get("conditions") or []]
 
 
 @pytest.mark.parametrize("report_finish", [True, False], ids=["completed-then-deleted",

@@ -182,7 +182,9 @@ def _topology(spec: MultiTurnRLRunSpec) -> dict[str, str]:
 
 def pod_template(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str], attempt: int,
                  rendezvous: str | None = None, container_name: str = "trainer",
-                 restart_policy: str = "Never") -> dict[str, Any]:
+                 restart_policy: str | None = "Never") -> dict[str, Any]:
+    """One trainer pod. `restart_policy=None` leaves it out, for a controller that sets it from
+    its own replica spec (Kubeflow's PyTorchJob)."""
     trainer = spec.trainer
     if trainer.launcher == LauncherKind.HYPERPOD_PYTORCH_JOB:
         # The elastic agent's rendezvous backend reads the node count from NNODES at start.
@@ -200,7 +202,6 @@ def pod_template(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
     if trainer.restricted_instance_group:
         tolerations.append(RESTRICTED_TOLERATION)
     pod_spec: dict[str, Any] = {
-        "restartPolicy": restart_policy,
         # SIGTERM: the trainer saves a checkpoint at the step it is on, then exits.
         "terminationGracePeriodSeconds": trainer.termination_grace_period_seconds,
         "affinity": _affinity(spec),
@@ -232,6 +233,8 @@ def pod_template(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": trainer.shm_size}},
         ],
     }
+    if restart_policy:
+        pod_spec["restartPolicy"] = restart_policy
     if trainer.service_account_name:
         pod_spec["serviceAccountName"] = trainer.service_account_name
     labels = {**names.labels("trainer"), LABEL_ATTEMPT: str(attempt)}
@@ -321,12 +324,23 @@ def _pytorch_job(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
     """Under HyperPod auto-resume (namespace kubeflow or hyperpod*), HyperPod owns retries: AWS
     requires restartPolicy OnFailure for it, and backoffLimit 0 makes the first container
     restart a job failure for auto-resume to handle, not a retry of its own. Elsewhere the
-    operator owns them: no container restarts, no auto-resume annotations."""
+    operator owns them: no container restarts, no auto-resume annotations, and no backoffLimit.
+
+    What Kubeflow's training operator (v1.9.3, pkg/controller.v1/common/job.go) does with a
+    failed job decides whether its words survive: with a backoffLimit, the first failed pod
+    "exceeds" it and every pod is deleted before the job is marked Failed, whatever
+    cleanPodPolicy says; without one, a replica that fails under restartPolicy Never fails the
+    job, and the clean-up that follows honours cleanPodPolicy. `Running` deletes the pods that
+    still run (a multi-node job's surviving workers hold GPUs) and keeps the finished ones, with
+    their exit codes and termination messages, until the operator deletes the job.
+
+    restartPolicy is set on each replica, which the controller copies into its pods; setting it
+    in the template too earns a `SetPodTemplateRestartPolicy` warning on every job."""
     resumed = retry_owner(spec.trainer.launcher, names.namespace) == \
         RetryOwner.HYPERPOD_AUTO_RESUME
     policy = "OnFailure" if resumed else "Never"
     template = pod_template(names, spec, env, attempt, container_name="pytorch",
-                            restart_policy=policy)
+                            restart_policy=None)
     replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": policy,
                                            "template": template}}
     if spec.trainer.nodes > 1:
@@ -334,10 +348,12 @@ def _pytorch_job(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
                               "template": template}
     annotations = {AUTO_RESUME: "true",
                    AUTO_RESUME_RETRIES: str(spec.trainer.auto_resume_max_retries)}
+    run_policy: dict[str, Any] = ({"cleanPodPolicy": "All", "backoffLimit": 0} if resumed
+                                  else {"cleanPodPolicy": "Running"})
     return {
         "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
         "metadata": _workload_meta(names, spec, attempt, owner, annotations if resumed else None),
         "spec": {"pytorchReplicaSpecs": replicas,
                  "nprocPerNode": str(max(spec.trainer.gpus_per_node, 1)),
-                 "runPolicy": {"cleanPodPolicy": "All", "backoffLimit": 0}},
+                 "runPolicy": run_policy},
     }

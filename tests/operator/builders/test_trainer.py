@@ -179,8 +179,9 @@ def test_auto_resume_owns_pytorchjob_retries_in_its_namespaces() -> None:
         "sagemaker.amazonaws.com/job-max-retry-count": "2"}
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
         # AWS: auto-resume needs OnFailure; backoffLimit 0 hands the first failure to it.
-        assert replica["restartPolicy"] == replica["template"]["spec"]["restartPolicy"] == \
-            "OnFailure"
+        # Set once, on the replica: the controller copies it into the pods.
+        assert replica["restartPolicy"] == "OnFailure"
+        assert "restartPolicy" not in replica["template"]["spec"]
     assert job["spec"]["runPolicy"]["backoffLimit"] == 0
 
 
@@ -188,9 +189,12 @@ def test_the_operator_owns_pytorchjob_retries_elsewhere() -> None:
     job = render("PyTorchJob", namespace="team-a")
     assert "annotations" not in job["metadata"]
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
-        assert replica["restartPolicy"] == replica["template"]["spec"]["restartPolicy"] == \
-            "Never"
-    assert job["spec"]["runPolicy"]["backoffLimit"] == 0
+        assert replica["restartPolicy"] == "Never"
+        assert "restartPolicy" not in replica["template"]["spec"]
+    # No backoffLimit: with one, Kubeflow's controller deletes every pod of a failed job before
+    # marking it Failed, and the trainer's words go with them. cleanPodPolicy Running keeps the
+    # finished pods and deletes those still running.
+    assert job["spec"]["runPolicy"] == {"cleanPodPolicy": "Running"}
 
 
 def test_the_job_launcher_never_retries_by_itself() -> None:

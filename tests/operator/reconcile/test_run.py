@@ -289,6 +289,18 @@ def test_pytorchjob_retries_belong_to_auto_resume_only_where_it_applies() -> Non
     assert d.status.attempts == 2 and d.actions == [Act.DELETE_TRAINER]
 
 
+def test_a_restarting_pytorchjob_is_the_same_attempt() -> None:
+    """Kubeflow says Restarting while it restarts a failed replica in place (restartPolicy
+    OnFailure, under auto-resume): not a failed attempt; the workload is kept."""
+    spec = SPEC.model_copy(deep=True)
+    spec.trainer.launcher = LauncherKind.PYTORCH_JOB
+    restarting = ready(spec=spec, trainers_exist=True, namespace="hyperpod-ns-research",
+                       trainer=TrainerObserved(1, TrainerState.RESTARTING, ""))
+    d = decide(restarting)
+    assert d.status.attempts == 1 and d.status.phase != Phase.FAILED, d.status
+    assert Act.DELETE_TRAINER not in d.actions and Act.ENSURE_TRAINER not in d.actions
+
+
 CAUSE = "NoCredentialsError: Unable to locate credentials"
 
 

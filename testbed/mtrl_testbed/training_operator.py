@@ -1,0 +1,150 @@
+"""Kubeflow's training operator (v1.9.3), the real one, on the local control plane.
+
+`hack/build-controllers.sh` builds `training-operator.v1` from its Go module and copies the
+CRDs of its standalone install. `start` installs the PyTorchJob CRD, serves the controller's
+validating webhook over TLS on loopback, and runs the controller as a child of the cluster
+(`LocalCluster(..., training_operator=True)`), with PyTorchJob as its only scheme.
+
+What stands in for its Deployment (manifests/base/deployment.yaml in the module):
+- the webhook's Secret `kubeflow/training-operator-webhook-cert` is made here, with a CA and a
+  serving pair that its cert rotator accepts ("no cert refresh needed"), since the rotator's
+  own pair would name only the in-cluster Service, and the API server calls 127.0.0.1;
+- the Secret's volume mount: the serving pair is written where the webhook server reads it,
+  `$TMPDIR/k8s-webhook-server/serving-certs` (controller-runtime's default, with TMPDIR set
+  per cluster), and the rotator's fixed directory `/tmp/k8s-webhook-server/serving-certs`
+  gets a copy only if it has none: the rotator only checks that `tls.crt` is there;
+- the ValidatingWebhookConfiguration `validator.training-operator.kubeflow.org` points at
+  `https://127.0.0.1:<port>/validate-kubeflow-org-v1-pytorchjob`. It is applied before the
+  controller starts: the rotator reports ready only once it has injected its CA there
+  (cert-controller's `ensureReady`), and the cluster waits for `/readyz` before any test
+  creates a PyTorchJob;
+- the worker init container, which loops on `nslookup <job>-master-0` (the node agent cannot
+  resolve Service names yet), is a template (`--pytorch-init-container-template-file`) that
+  prints the master's address and exits 0.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import subprocess
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from mtrl_testbed import certs
+from mtrl_testbed.ports import free_port
+
+NAMESPACE = "kubeflow"
+SECRET = "training-operator-webhook-cert"
+SERVICE_DNS = f"training-operator.{NAMESPACE}.svc"
+CA_NAME = "training-operator-ca"  # pkg/cert/cert.go: caName
+WEBHOOK_CONFIG = "validator.training-operator.kubeflow.org"
+ROTATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # pkg/cert/cert.go: certDir
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "hack" / "build-controllers.sh"
+INIT_CONTAINER_TEMPLATE = """\
+- name: init-pytorch
+  image: {{.InitContainerImage}}
+  command: ['sh', '-c', 'echo master {{.MasterAddr}}']
+"""
+
+
+def controllers_dir() -> Path:
+    """The folder with the controllers' `bin/` and `crds/`, building them on first use."""
+    if env := os.environ.get("MTRL_CONTROLLERS_DIR"):
+        return Path(env)
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class TrainingOperator:
+    """The files, ports and arguments of one training operator beside one cluster."""
+
+    root: Path
+    home: Path = field(default_factory=controllers_dir)
+    webhook_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    health_port: int = field(default_factory=free_port)
+
+    @property
+    def binary(self) -> Path:
+        return self.home / "bin" / "training-operator.v1"
+
+    @property
+    def crd(self) -> Path:
+        return self.home / "crds" / "kubeflow.org_pytorchjobs.yaml"
+
+    @property
+    def tmpdir(self) -> Path:
+        return self.root / "tmp"
+
+    def args(self, kubeconfig: Path) -> list[str]:
+        template = self.root / "init-container.yaml"
+        template.write_text(INIT_CONTAINER_TEMPLATE)
+        return ["--kubeconfig", str(kubeconfig), "--enable-scheme=pytorchjob",
+                "--metrics-bind-address", f"127.0.0.1:{self.metrics_port}",
+                "--health-probe-bind-address", f"127.0.0.1:{self.health_port}",
+                "--webhook-server-port", str(self.webhook_port), "--leader-elect=false",
+                "--pytorch-init-container-template-file", str(template),
+                "--zap-log-level=info"]
+
+    def env(self) -> dict[str, str]:
+        return {"MY_POD_NAMESPACE": NAMESPACE, "TMPDIR": str(self.tmpdir)}
+
+    def prepare(self, kubectl: KubectlFn) -> certs.WebhookPki:
+        """The Secret and the mounted serving pair, before the controller starts."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        pki = certs.webhook_pki(CA_NAME, [SERVICE_DNS, f"{SERVICE_DNS}.cluster.local"])
+        if kubectl("get", "namespace", NAMESPACE, check=False).returncode:
+            kubectl("create", "namespace", NAMESPACE)
+        secret = {"apiVersion": "v1", "kind": "Secret",
+                  "metadata": {"name": SECRET, "namespace": NAMESPACE},
+                  "data": {k: base64.b64encode(v).decode()
+                           for k, v in pki.secret_data().items()}}
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
+                input=json.dumps(secret))
+        serving = self.tmpdir / "k8s-webhook-server" / "serving-certs"
+        serving.mkdir(parents=True, exist_ok=True)
+        (serving / "tls.crt").write_bytes(pki.cert)
+        (serving / "tls.key").write_bytes(pki.key)
+        (serving / "tls.key").chmod(0o600)
+        with contextlib.suppress(FileExistsError):  # another cluster's training operator
+            ROTATOR_CERT_DIR.mkdir(parents=True, exist_ok=True)
+            with open(ROTATOR_CERT_DIR / "tls.crt", "xb") as f:
+                f.write(pki.cert)
+        return pki
+
+    def ready(self) -> bool:
+        url = f"http://127.0.0.1:{self.health_port}/readyz"
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200
+
+    def webhook_configuration(self, pki: certs.WebhookPki) -> dict[str, object]:
+        return {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": WEBHOOK_CONFIG},
+            "webhooks": [{
+                "name": "validator.pytorchjob.training-operator.kubeflow.org",
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{self.webhook_port}"
+                           "/validate-kubeflow-org-v1-pytorchjob",
+                    "caBundle": base64.b64encode(pki.ca_cert).decode()},
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "rules": [{"apiGroups": ["kubeflow.org"], "apiVersions": ["v1"],
+                           "operations": ["CREATE", "UPDATE"], "resources": ["pytorchjobs"]}],
+            }],
+        }
+
+
+class KubectlFn(Protocol):
+    """LocalCluster.kubectl."""
+
+    def __call__(self, *args: str, input: str | None = None, check: bool = True
+                 ) -> subprocess.CompletedProcess[str]: ...
