@@ -881,6 +881,11 @@ class MultiTurnRLRunStatus(ApiModel):
     failed_attempts: int = Field(0, ge=0)
     """Trainer attempts that failed (hung ones included); spec.lifecycle.backoffLimit counts
     these. A trainer preempted, evicted or stopped for a suspension is not one."""
+    next_attempt_time: datetime | None = None
+    """After a failed attempt, when the next one may start: the operator waits 10 s after the
+    first failure, doubled for each one after it, up to 10 minutes, as the Job controller
+    does between pod retries, so a trainer that fails at once does not spend every attempt
+    within seconds."""
     launched_attempt: int = Field(0, ge=0)
     """The newest trainer attempt whose workload the operator has asked for, written before
     the create call: a workload of this attempt that is gone later is never created again."""

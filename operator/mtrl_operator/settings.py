@@ -87,6 +87,9 @@ class Settings(MtrlSettings):
     cost_refresh_seconds: float = Field(default=60.0, description=(
         "how often status.cost is brought up to date while the trainer runs and nothing else "
         "in the status changes"))
+    retry_backoff_seconds: float = Field(default=10.0, description=(
+        "the wait before a failed trainer's next attempt, doubled for each failed attempt up "
+        "to 10 minutes, as the Job controller waits between pod retries"))
     workers: int = Field(default=8, description="runs reconciled at once")
     metrics_port: int = Field(default=8080, description="Prometheus /metrics port; 0 turns it off")
     health_port: int = Field(default=8081, description=(

@@ -12,7 +12,8 @@ from pathlib import Path
 from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.ports import free_port
 
-# Fast loops for tests: resync and sweep in seconds, not minutes; a standby (or the operator
+# Fast loops for tests: resync, sweep and the backoff between trainer attempts in seconds,
+# not minutes; a standby (or the operator
 # a test starts after killing one) takes over an abandoned Lease in 8 s, not 15. The renew
 # deadline stays generous: on a loaded 2-core machine a starved leader must not lose its Lease
 # (and exit) while it is merely slow.
@@ -24,6 +25,7 @@ TEST_DEFAULTS = {
     "MTRL_LEASE_DURATION_SECONDS": "8",
     "MTRL_RENEW_DEADLINE_SECONDS": "6",
     "MTRL_RETRY_PERIOD_SECONDS": "1",
+    "MTRL_RETRY_BACKOFF_SECONDS": "1",  # between a failed trainer attempt and the next
 }
 
 

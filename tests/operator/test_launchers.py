@@ -144,7 +144,7 @@ def test_a_failed_pytorchjobs_words_survive_the_controllers_clean_up(
     assert "not retried: configuration error: spec.model.name: no model nope/nope (exit code 2)" \
         in run["status"]["message"], run["status"]["message"]
     run = wait_phase(cluster, namespace, "flaky", "Succeeded", timeout=120)
-    assert run["status"]["attempts"] == 2, run["status"]
+    assert run["status"]["attempts"] == 2 and run["status"]["nextAttemptTime"], run["status"]
     names = names_of(run)
     kept = json.loads(cluster.kubectl("get", "configmap", names.trainer_log(1), "-n", namespace,
                                       "-o", "json").stdout)

@@ -283,7 +283,8 @@ class Controller:
                                                   None if nodes is None else list(nodes.values()))
         obs = replace(await self._fetch(names, spec, spec_error, status, deleting, body),
                       preflight=checked,
-                      price=self.settings.price(spec.trainer.instance_type) if spec else None)
+                      price=self.settings.price(spec.trainer.instance_type) if spec else None,
+                      retry_backoff_seconds=self.settings.retry_backoff_seconds)
         decision = decide(obs)
         await self._publish(body, decision)
         try:

@@ -6,6 +6,7 @@ no step for progressTimeoutSeconds is a hung (failed) attempt. Pure."""
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import replace
 
 from mtrl_api.run import LauncherKind, MultiTurnRLRunSpec, Phase
@@ -23,6 +24,7 @@ from mtrl_operator.reconcile.draft import (
 )
 from mtrl_operator.reconcile.retries import RetryOwner, retry_owner
 
+MAX_RETRY_BACKOFF_SECONDS = 600.0  # the Job controller's MaxJobPodFailureBackOff
 _OWNER_TEXT = {RetryOwner.HYPERPOD_AUTO_RESUME: "HyperPod auto-resume",
                RetryOwner.HYPERPOD_TRAINING_OPERATOR: "the HyperPod training operator"}
 
@@ -128,11 +130,33 @@ def _current_attempt(st: Draft, spec: MultiTurnRLRunSpec,
                                "the trainer reported that training finished")
     if _launched_and_gone(st, obs, attempt):
         return TrainerObserved(attempt, TrainerState.FAILED, _vanished(spec, attempt))
+    if (wait := _backing_off(st, attempt)) is not None:
+        return wait
     # Recorded before the create call (status is written before any action), so a workload
     # that exists once is never created a second time.
     st.s.launched_attempt = attempt
     st.cond("TrainerReady", False, "CreatingTrainer", f"attempt {attempt}")
     return st.wait([Act.ENSURE_TRAINER], requeue=2.0, attempt=attempt)
+
+
+def retry_backoff(base: float, failed_attempts: int) -> float:
+    """Seconds between a failed attempt and the next: `base` after the first failure, doubled
+    for each one after it, at most 10 minutes (kubernetes pkg/controller/job: 10 s doubling up
+    to MaxJobPodFailureBackOff)."""
+    return min(base * 2 ** max(failed_attempts - 1, 0), MAX_RETRY_BACKOFF_SECONDS)
+
+
+def _backing_off(st: Draft, attempt: int) -> Decision | None:
+    """Wait, saying so, while a failed attempt's backoff lasts."""
+    due = st.s.next_attempt_time
+    if due is None or st.obs.now >= due:
+        return None
+    left = (due - st.obs.now).total_seconds()
+    why = (f"backing off {duration(left)} before attempt {attempt} after "
+           f"{st.s.failed_attempts} failed attempt(s)")
+    st.cond("TrainerReady", False, "BackingOff", why)
+    st.s.message = f"waiting for the trainer: {why}"
+    return st.wait([], requeue=left)
 
 
 def _failed_attempt(st: Draft, spec: MultiTurnRLRunSpec, trainer: TrainerObserved) -> Decision:
@@ -168,6 +192,8 @@ def _failed_attempt(st: Draft, spec: MultiTurnRLRunSpec, trainer: TrainerObserve
     st.s.failed_attempts += 1
     if st.s.failed_attempts <= lifecycle.backoff_limit:
         st.s.attempts = attempt + 1
+        st.s.next_attempt_time = st.obs.now + dt.timedelta(
+            seconds=retry_backoff(st.obs.retry_backoff_seconds, st.s.failed_attempts))
         st.cond("TrainerReady", False, "TrainerHung" if trainer.hung else "Retrying",
                 trainer.message)
         st.events.append(Event("Warning", reason,

@@ -102,6 +102,7 @@ class Observed:
     trainer_outcome: str | None = None
     preflight: str | None = None  # what preflight checked, when it ran and passed
     price: float | None = None  # USD per node-hour of the trainer's instance type, if known
+    retry_backoff_seconds: float = 10.0  # before the attempt after the first failed one
     # The workers in their own words: a stopped ECS task, a crash-looping pod (None: nothing
     # to say now); ECS tasks that stopped on their own; what this reconcile's RunTask answered
     # (set when the decision is taken again after EnsureWorkers); every task listed.

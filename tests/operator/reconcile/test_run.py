@@ -101,13 +101,41 @@ def test_failure_retries_as_a_new_attempt_then_fails_at_the_backoff_limit() -> N
     d = decide(failed)
     assert d.status.attempts == 2 and d.actions == [Act.DELETE_TRAINER]
     assert "TrainerFailed" in [e.reason for e in d.events]
-    d = decide(replace(failed, status=d.status, trainer=None, trainers_exist=False))
+    later = NOW + dt.timedelta(seconds=10)  # the backoff after one failed attempt
+    d = decide(replace(failed, status=d.status, trainer=None, trainers_exist=False, now=later))
     assert d.actions == [Act.ENSURE_TRAINER] and d.attempt == 2
-    d = decide(replace(failed, status=d.status,
+    d = decide(replace(failed, status=d.status, now=later,
                        trainer=TrainerObserved(2, TrainerState.FAILED, "OOM again")))
     assert d.status.phase == Phase.FAILED
     assert next(c for c in d.status.conditions if c.type == "Failed").reason == \
         "BackoffLimitExceeded"
+
+
+def test_attempts_back_off_10s_doubling_as_the_job_controller_does() -> None:
+    """A trainer that fails at once does not spend every attempt within seconds: the next
+    attempt waits 10 s after the first failure, 20 s after the second, and says so."""
+    spec = SPEC.model_copy(deep=True)
+    spec.lifecycle.backoff_limit = 3
+    status = started()
+    for failures, wait in ((1, 10), (2, 20), (3, 40)):
+        attempt = failures
+        d = decide(ready(spec=spec, status=status, trainers_exist=True,
+                         trainer=TrainerObserved(attempt, TrainerState.FAILED, "exit 1")))
+        assert d.status.attempts == attempt + 1
+        assert d.status.next_attempt_time == NOW + dt.timedelta(seconds=wait)
+        early = decide(ready(spec=spec, status=d.status, now=NOW + dt.timedelta(seconds=wait - 1)))
+        assert early.actions == [] and early.requeue_after == 1.0, early
+        assert "backing off 1s before attempt" in early.status.message, early.status.message
+        assert next(c for c in early.status.conditions if c.type == "TrainerReady").reason == \
+            "BackingOff"
+        due = decide(ready(spec=spec, status=d.status, now=NOW + dt.timedelta(seconds=wait)))
+        assert due.actions == [Act.ENSURE_TRAINER] and due.attempt == attempt + 1
+        status = due.status
+
+
+def test_the_backoff_stops_doubling_at_10_minutes() -> None:
+    from mtrl_operator.reconcile.attempts import retry_backoff
+    assert [retry_backoff(10, n) for n in (1, 2, 3, 6, 7, 20)] == [10, 20, 40, 320, 600, 600]
 
 
 def test_a_configuration_error_fails_the_run_without_another_attempt() -> None:
@@ -222,7 +250,7 @@ def test_a_vanished_workload_without_success_is_a_failed_attempt_never_created_a
     assert d.status.attempts == 2 and d.actions == []
     [event] = [e for e in d.events if e.reason == "TrainerFailed"]
     assert "was deleted before the operator saw its outcome" in event.message
-    d = decide(ready(status=d.status))
+    d = decide(ready(status=d.status, now=d.status.next_attempt_time))  # after its backoff
     assert d.actions == [Act.ENSURE_TRAINER] and d.attempt == 2
     assert d.status.launched_attempt == 2
     # Reported from by its trainer, though never observed by a reconcile: it ran.
