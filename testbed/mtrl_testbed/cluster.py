@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from mtrl_testbed import certs
-from mtrl_testbed.ports import ServerExited, free_port, wait_until
+from mtrl_testbed.ports import ServerExited, built, free_port, wait_until
 from mtrl_testbed.training_operator import TrainingOperator
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -61,10 +61,7 @@ class CommandFailed(subprocess.CalledProcessError):
 
 def tools_bin() -> Path:
     """Directory holding the control-plane binaries, building them on first use."""
-    if env := os.environ.get("MTRL_TOOLS_BIN"):
-        return Path(env)
-    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, capture_output=True, text=True)
-    return Path(out.stdout.strip().splitlines()[-1])
+    return built(BUILD_SCRIPT, "MTRL_TOOLS_BIN")
 
 
 @dataclass

@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import subprocess
 import urllib.request
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from mtrl_testbed import certs
-from mtrl_testbed.ports import free_port
+from mtrl_testbed.ports import built, free_port
 
 NAMESPACE = "kubeflow"
 SECRET = "training-operator-webhook-cert"
@@ -54,10 +53,7 @@ INIT_CONTAINER_TEMPLATE = """\
 
 def controllers_dir() -> Path:
     """The folder with the controllers' `bin/` and `crds/`, building them on first use."""
-    if env := os.environ.get("MTRL_CONTROLLERS_DIR"):
-        return Path(env)
-    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, capture_output=True, text=True)
-    return Path(out.stdout.strip().splitlines()[-1])
+    return built(BUILD_SCRIPT, "MTRL_CONTROLLERS_DIR")
 
 
 @dataclass

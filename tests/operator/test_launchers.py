@@ -75,14 +75,8 @@ def test_the_pytorchjob_the_operator_renders_passes_the_real_webhook(
     validating webhook (which refuses a job without a container named `pytorch`, or with a
     name that is not a DNS-1035 label), with one restartPolicy, on the replica."""
     resource = "pytorchjobs.kubeflow.org"
-    apply(cluster, namespace, run_manifest("gpu", trainer={
-        "launcher": "PyTorchJob", "gpusPerNode": 8, "efaPerNode": 32, "nodes": 2,
-        "restrictedInstanceGroup": True, "command": None},  # the command the operator renders
-        scheduling={"queueName": "hyperpod-ns-a-localqueue"}))
-    job = _workload(cluster, resource, namespace)
+    job = _gpu_run(cluster, namespace, "PyTorchJob", resource)
     meta = job["metadata"]
-    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-a-localqueue"
-    assert meta["ownerReferences"][0]["kind"] == "MultiTurnRLRun"
     # A t-* namespace is not one HyperPod auto-resume acts in: the operator retries, so
     # nothing else may (docs/hyperpod.md, "Who retries").
     assert "sagemaker.amazonaws.com/enable-job-auto-resume" not in (meta.get("annotations") or {})
@@ -158,14 +152,8 @@ def test_hyperpod_launcher_lifecycle(cluster: LocalCluster, operator: OperatorPr
                                      namespace: str, launcher_crds: None,
                                      running: tuple[str, ...], done: tuple[str, ...]) -> None:
     resource = "hyperpodpytorchjobs.sagemaker.amazonaws.com"
-    apply(cluster, namespace, run_manifest("gpu", trainer={
-        "launcher": "HyperPodPyTorchJob", "gpusPerNode": 8, "efaPerNode": 32, "nodes": 2,
-        "restrictedInstanceGroup": True, "command": None},  # the command the operator renders
-        scheduling={"queueName": "hyperpod-ns-a-localqueue"}))
-    job = _workload(cluster, resource, namespace)
+    job = _gpu_run(cluster, namespace, "HyperPodPyTorchJob", resource)
     meta = job["metadata"]
-    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-a-localqueue"
-    assert meta["ownerReferences"][0]["kind"] == "MultiTurnRLRun"
     policy = job["spec"]["runPolicy"]
     assert policy["jobMaxRetryCount"] == 3 and policy["ttlSecondsAfterFinished"] > 0
     assert job["spec"]["replicaSpecs"][0]["replicas"] == 2
@@ -193,6 +181,20 @@ def test_hyperpod_launcher_lifecycle(cluster: LocalCluster, operator: OperatorPr
     wait_clean(cluster, names_of(run))
     gone = cluster.kubectl("get", resource, "-n", namespace, "-o", "name").stdout.strip()
     assert gone == ""
+
+
+def _gpu_run(cluster: LocalCluster, namespace: str, launcher: str, resource: str) -> dict:
+    """Two nodes of eight GPUs in a HyperPod restricted instance group, queued in Kueue, with
+    the command the operator renders: the workload it created."""
+    apply(cluster, namespace, run_manifest("gpu", trainer={
+        "launcher": launcher, "gpusPerNode": 8, "efaPerNode": 32, "nodes": 2,
+        "restrictedInstanceGroup": True, "command": None},
+        scheduling={"queueName": "hyperpod-ns-a-localqueue"}))
+    job = _workload(cluster, resource, namespace)
+    meta = job["metadata"]
+    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "hyperpod-ns-a-localqueue"
+    assert meta["ownerReferences"][0]["kind"] == "MultiTurnRLRun"
+    return job
 
 
 def _assert_gpu_pod(pod: dict) -> None:
