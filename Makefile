@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv with the distribution (editable) and the `mtrl` console script
 
-tools: ## build kube-apiserver, controller-manager, scheduler, kubectl, etcd, helm, Kubeflow's training operator, luacheck and dashboardcheck (cached)
+tools: ## build kube-apiserver, controller-manager, scheduler, kubectl, etcd, helm, Kubeflow's training operator, Kueue, luacheck and dashboardcheck (cached)
 	bash hack/build-tools.sh
 	bash hack/build-controllers.sh
 	bash hack/build-luacheck.sh

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import yaml
 
-from mtrl_testbed import certs
-from mtrl_testbed.ports import ServerExited, built, free_port, wait_until
+from mtrl_testbed import certs, webhooks
+from mtrl_testbed.kueue import Kueue
+from mtrl_testbed.ports import ServerExited, free_port, wait_until
 from mtrl_testbed.training_operator import TrainingOperator
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +62,10 @@ class CommandFailed(subprocess.CalledProcessError):
 
 def tools_bin() -> Path:
     """Directory holding the control-plane binaries, building them on first use."""
-    return built(BUILD_SCRIPT, "MTRL_TOOLS_BIN")
+    if env := os.environ.get("MTRL_TOOLS_BIN"):
+        return Path(env)
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
 
 
 @dataclass
@@ -80,6 +84,9 @@ class LocalCluster:
     """Users whose requests the API server writes to `audit_log` (one line per request)."""
     training_operator: bool = False
     """Run Kubeflow's training operator (PyTorchJob), the real one, with its webhook."""
+    kueue: bool = False
+    """Run Kueue, the real one, with its webhooks (for Jobs and, with the training operator,
+    PyTorchJobs)."""
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -199,6 +206,8 @@ class LocalCluster:
             wait_until(self._nodes_ready, timeout, "node agent (Ready nodes)", interval=0.5)
             if self.training_operator:
                 self._start_training_operator(timeout)
+            if self.kueue:
+                self._start_kueue(timeout)
         except Exception:
             self.stop()
             raise
@@ -257,13 +266,26 @@ class LocalCluster:
                                              start_new_session=True,
                                              env={**os.environ, **(env or {})})
 
+    def _start_kueue(self, timeout: float) -> None:
+        kueue = Kueue(self.root / "kueue")
+        pki = kueue.prepare(self.kubectl)
+        # Its rotator is ready once it has put its CA into these (conversion CRDs included).
+        webhooks.apply(self.kubectl, *kueue.crds(pki), *kueue.webhook_configurations(pki))
+        self._spawn("kueue", kueue.args(), binary=kueue.binary,
+                    env={"KUBECONFIG": str(self.kubeconfig)})
+
+        def ready() -> bool:
+            self._check_alive("kueue")
+            return kueue.ready()
+
+        wait_until(ready, timeout, "kueue (/readyz)", interval=0.25)
+
     def _start_training_operator(self, timeout: float) -> None:
         to = TrainingOperator(self.root / "training-operator")
         self.install_crds(to.crd)
         pki = to.prepare(self.kubectl)
         # Its cert rotator is ready only once it has put the CA into this configuration.
-        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
-                     input=json.dumps(to.webhook_configuration(pki)))
+        webhooks.apply(self.kubectl, to.webhook_configuration(pki))
         self._spawn("training-operator", to.args(self.kubeconfig), binary=to.binary,
                     env=to.env())
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 
 def free_port() -> int:
@@ -35,12 +32,3 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: f
             last_error = exc
         time.sleep(interval)
     raise TimeoutError(f"{what} not ready after {timeout:.0f}s (last error: {last_error!r})")
-
-
-def built(script: Path, override: str) -> Path:
-    """The folder a hack/ build script prints on its last line, building on first use (the
-    scripts cache by version), or the folder in environment variable `override`."""
-    if env := os.environ.get(override):
-        return Path(env)
-    out = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True)
-    return Path(out.stdout.strip().splitlines()[-1])

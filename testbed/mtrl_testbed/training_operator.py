@@ -25,21 +25,19 @@ What stands in for its Deployment (manifests/base/deployment.yaml in the module)
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
+import functools
 import subprocess
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
-from mtrl_testbed import certs
-from mtrl_testbed.ports import built, free_port
+from mtrl_testbed import certs, webhooks
+from mtrl_testbed.ports import free_port
 
 NAMESPACE = "kubeflow"
 SECRET = "training-operator-webhook-cert"
-SERVICE_DNS = f"training-operator.{NAMESPACE}.svc"
+SERVICE = "training-operator"
 CA_NAME = "training-operator-ca"  # pkg/cert/cert.go: caName
 WEBHOOK_CONFIG = "validator.training-operator.kubeflow.org"
 ROTATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # pkg/cert/cert.go: certDir
@@ -51,9 +49,17 @@ INIT_CONTAINER_TEMPLATE = """\
 """
 
 
+@functools.cache
+def controller_homes() -> dict[str, Path]:
+    """Each third-party controller's folder (`training-operator`, `kueue`), building them on
+    first use (hack/build-controllers.sh prints `<name>=<folder>` lines)."""
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, capture_output=True, text=True)
+    return {name: Path(path) for name, _, path in
+            (line.partition("=") for line in out.stdout.splitlines()) if path}
+
+
 def controllers_dir() -> Path:
-    """The folder with the controllers' `bin/` and `crds/`, building them on first use."""
-    return built(BUILD_SCRIPT, "MTRL_CONTROLLERS_DIR")
+    return controller_homes()["training-operator"]
 
 
 @dataclass
@@ -91,23 +97,11 @@ class TrainingOperator:
     def env(self) -> dict[str, str]:
         return {"MY_POD_NAMESPACE": NAMESPACE, "TMPDIR": str(self.tmpdir)}
 
-    def prepare(self, kubectl: KubectlFn) -> certs.WebhookPki:
+    def prepare(self, kubectl: webhooks.KubectlFn) -> certs.WebhookPki:
         """The Secret and the mounted serving pair, before the controller starts."""
         self.root.mkdir(parents=True, exist_ok=True)
-        pki = certs.webhook_pki(CA_NAME, [SERVICE_DNS, f"{SERVICE_DNS}.cluster.local"])
-        if kubectl("get", "namespace", NAMESPACE, check=False).returncode:
-            kubectl("create", "namespace", NAMESPACE)
-        secret = {"apiVersion": "v1", "kind": "Secret",
-                  "metadata": {"name": SECRET, "namespace": NAMESPACE},
-                  "data": {k: base64.b64encode(v).decode()
-                           for k, v in pki.secret_data().items()}}
-        kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
-                input=json.dumps(secret))
-        serving = self.tmpdir / "k8s-webhook-server" / "serving-certs"
-        serving.mkdir(parents=True, exist_ok=True)
-        (serving / "tls.crt").write_bytes(pki.cert)
-        (serving / "tls.key").write_bytes(pki.key)
-        (serving / "tls.key").chmod(0o600)
+        pki = webhooks.install_secret(kubectl, NAMESPACE, SECRET, SERVICE, CA_NAME)
+        webhooks.mount(self.tmpdir / "k8s-webhook-server" / "serving-certs", pki)
         with contextlib.suppress(FileExistsError):  # another cluster's training operator
             ROTATOR_CERT_DIR.mkdir(parents=True, exist_ok=True)
             with open(ROTATOR_CERT_DIR / "tls.crt", "xb") as f:
@@ -127,20 +121,11 @@ class TrainingOperator:
             "webhooks": [{
                 "name": "validator.pytorchjob.training-operator.kubeflow.org",
                 "admissionReviewVersions": ["v1"],
-                "clientConfig": {
-                    "url": f"https://127.0.0.1:{self.webhook_port}"
-                           "/validate-kubeflow-org-v1-pytorchjob",
-                    "caBundle": base64.b64encode(pki.ca_cert).decode()},
+                "clientConfig": webhooks.client_config(
+                    self.webhook_port, "/validate-kubeflow-org-v1-pytorchjob", pki),
                 "failurePolicy": "Fail",
                 "sideEffects": "None",
                 "rules": [{"apiGroups": ["kubeflow.org"], "apiVersions": ["v1"],
                            "operations": ["CREATE", "UPDATE"], "resources": ["pytorchjobs"]}],
             }],
         }
-
-
-class KubectlFn(Protocol):
-    """LocalCluster.kubectl."""
-
-    def __call__(self, *args: str, input: str | None = None, check: bool = True
-                 ) -> subprocess.CompletedProcess[str]: ...
