@@ -109,6 +109,10 @@ to objects the operator owns. */}}
 - apiGroups: [sagemaker.amazonaws.com]
   resources: [hyperpodpytorchjobs]
   verbs: [get, list, watch, create, delete]
+# Why Kueue holds a trainer: its Workload's conditions (read while the trainer is suspended).
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [list]
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [list, watch, create, delete]

@@ -36,6 +36,10 @@ HyperPodPyTorchJob = create_namespaced_resource("sagemaker.amazonaws.com", "v1",
                                                 "HyperPodPyTorchJob", "hyperpodpytorchjobs")
 MultiTurnRLTrigger = create_namespaced_resource(GROUP, VERSION, "MultiTurnRLTrigger",
                                                 "multiturnrltriggers")
+# Kueue's (v0.17, the version HyperPod task governance builds on is older; v1beta2 is what a
+# current Kueue stores and serves).
+Workload = create_namespaced_resource("kueue.x-k8s.io", "v1beta2", "Workload", "workloads")
+KUEUE_JOB_UID = "kueue.x-k8s.io/job-uid"  # the label Kueue gives a job's Workload
 
 
 # Every kind the controllers name, by its Kubernetes kind: they speak names, not client types.
@@ -43,7 +47,7 @@ KINDS: dict[str, Any] = {
     "MultiTurnRLRun": MultiTurnRLRun, "MultiTurnRLTrigger": MultiTurnRLTrigger, "Job": Job,
     "PyTorchJob": PyTorchJob, "HyperPodPyTorchJob": HyperPodPyTorchJob,
     "Deployment": Deployment, "ConfigMap": ConfigMap, "Service": Service, "Pod": Pod,
-    "Node": Node,
+    "Node": Node, "Workload": Workload,
 }
 
 
@@ -212,6 +216,16 @@ class Kube:
         """Objects of `kind` in `namespace` carrying `labels`, read from the server."""
         return [_dict(obj) async for obj in
                 self.client.list(KINDS[kind], namespace=namespace, labels=labels)]
+
+    async def queue_workloads(self, namespace: str, job_uid: str) -> list[dict[str, Any]]:
+        """Kueue's Workloads of the job with `job_uid`; none when Kueue is not installed or
+        the operator may not read them (the chart grants it)."""
+        try:
+            return await self.labelled("Workload", namespace, {KUEUE_JOB_UID: job_uid})
+        except (ApiError, httpx.HTTPStatusError) as exc:
+            if _status_code(exc) in (403, 404):
+                return []
+            raise
 
     async def pod_log(self, name: str, namespace: str, container: str,
                       tail_lines: int) -> str | None:

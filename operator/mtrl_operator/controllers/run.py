@@ -50,6 +50,7 @@ from mtrl_operator.reconcile.draft import (
 )
 from mtrl_operator.reconcile.readings import (
     progress_from_configmap,
+    queue_hold,
     spec_problem,
     trainer_report,
     trainer_state,
@@ -449,6 +450,10 @@ class Controller:
                     else self.children.pods_of(names.uid, labels))
             current = (with_cause(current, pods) if current.state == TrainerState.FAILED
                        else with_placement(current, pods))
+        if lookups.needs_queue_hold(current) and spec is not None:
+            held = await self.kube.queue_workloads(names.namespace, obj["metadata"]["uid"])
+            current = replace(current, message=queue_hold(spec.scheduling.queue_name or "",
+                                                          held))
         return TrainerSeen(current, workloads, progress, kind, name)
 
     async def _stopped_words(self, names: RunNames, spec: MultiTurnRLRunSpec,

@@ -80,8 +80,8 @@ def trainer(st: Draft, spec: MultiTurnRLRunSpec) -> Decision:
     if trainer.state == TrainerState.FAILED:
         return _failed_attempt(st, spec, trainer)
     running = trainer.state == TrainerState.RUNNING
-    st.cond("TrainerReady", running,
-            "Unschedulable" if trainer.unschedulable else trainer.state.value, trainer.message)
+    st.cond("TrainerReady", running, "Unschedulable" if trainer.unschedulable else
+            "AwaitingAdmission" if trainer.held else trainer.state.value, trainer.message)
     if not running:  # say what it waits for on the run, not only in its condition
         st.s.message = f"waiting for the trainer (attempt {attempt}): " \
                        f"{trainer.message or trainer.state.value.lower()}"

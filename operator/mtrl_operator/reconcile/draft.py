@@ -69,6 +69,7 @@ class TrainerObserved:
     episodes_failed: bool = False  # the trainer stopped because the run's episodes kept failing
     disrupted: str = ""  # its pods were evicted or preempted (the API server's words)
     hung: bool = False  # running, but no step for spec.lifecycle.progressTimeoutSeconds
+    held: bool = False  # suspended by its queue (Kueue) until admitted
 
 
 @dataclass(frozen=True)

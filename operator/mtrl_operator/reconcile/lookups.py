@@ -87,3 +87,9 @@ def trainer_pods_live(trainer: TrainerObserved) -> bool:
 def needs_worker_pods(live: bool, desired: int, ready: int) -> bool:
     """Workers short of ready: the kubelet's and the worker's words say why."""
     return live and ready < desired
+
+
+def needs_queue_hold(trainer: TrainerObserved) -> bool:
+    """A trainer its queue holds suspended: its Kueue Workload says why (read from the API
+    server while it waits; a Workload carries none of the operator's labels to watch by)."""
+    return trainer.held

@@ -61,8 +61,45 @@ def newest_true_condition(obj: dict[str, Any]) -> dict[str, Any] | None:
     return max(true, key=lambda t: (t[0], t[1]))[2] if true else None
 
 
+def suspended(kind: str, obj: dict[str, Any]) -> bool:
+    """Whether the workload is suspended: Kueue creates a queued Job suspended (`spec.suspend`)
+    and a PyTorchJob too (`spec.runPolicy.suspend`), unsuspends it on admission and suspends
+    it again when it evicts or preempts it; the controllers then delete its pods."""
+    spec = obj.get("spec") or {}
+    if kind == "Job":
+        return bool(spec.get("suspend"))
+    return kind == "PyTorchJob" and bool((spec.get("runPolicy") or {}).get("suspend"))
+
+
 def trainer_state(kind: str, obj: dict[str, Any], attempt: int) -> TrainerObserved:
     status = obj.get("status") or {}
+    observed = _trainer_state(kind, obj, attempt, status)
+    if observed.state in (TrainerState.SUCCEEDED, TrainerState.FAILED) \
+            or not suspended(kind, obj):
+        return observed
+    return TrainerObserved(attempt, TrainerState.PENDING, f"the {kind} is suspended", held=True)
+
+
+def queue_hold(queue: str, workloads: list[dict[str, Any]]) -> str:
+    """What a trainer held by Kueue waits for, in Kueue's words: its Workload's newest
+    eviction (preempted, or its ClusterQueue stopped) or why it has no quota yet
+    (kueue.x-k8s.io/v1beta2 Workload conditions Evicted and QuotaReserved)."""
+    words = ""
+    for workload in sorted(workloads, key=lambda w: w["metadata"].get("creationTimestamp", "")):
+        conditions = {c.get("type"): c for c in (workload.get("status") or {}).get(
+            "conditions") or []}
+        evicted, reserved = conditions.get("Evicted"), conditions.get("QuotaReserved")
+        if evicted and evicted.get("status") == "True":
+            words = f"evicted ({evicted.get('reason')}): {evicted.get('message', '')}"
+        elif reserved and reserved.get("status") == "False":
+            words = reserved.get("message") or reserved.get("reason") or ""
+    head = (f"waiting for Kueue admission in queue {queue}" if queue
+            else "suspended, waiting to be admitted")
+    return f"{head}: {words}" if words else head
+
+
+def _trainer_state(kind: str, obj: dict[str, Any], attempt: int,
+                   status: dict[str, Any]) -> TrainerObserved:
     if kind != "Job":
         newest = newest_true_condition(obj)
         state = _TRAINING_JOB_STATES.get((newest or {}).get("type", ""))

@@ -12,6 +12,7 @@ from mtrl_api.environments import known
 from mtrl_api.run import GeneratedDataset, MultiTurnRLRunSpec, WorkerBackend
 from mtrl_operator.reconcile.readings import (
     newest_true_condition,
+    queue_hold,
     spec_problem,
     trainer_report,
     trainer_state,
@@ -258,3 +259,49 @@ def test_a_pending_trainer_the_scheduler_cannot_place_says_why() -> None:
     scheduled = {"status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}
     assert with_placement(pending, [scheduled]) == pending
     assert with_placement(pending, []) == pending
+
+
+# --------------------------------------------------------------------------- Kueue
+
+
+def test_a_workload_kueue_suspended_is_held_not_failed_nor_running() -> None:
+    """Kueue creates a queued Job or PyTorchJob suspended and suspends it again to evict it
+    (its controller then says Suspended, and Running turns False)."""
+    queued_job = {"spec": {"suspend": True}, "status": {}}
+    held = trainer_state("Job", queued_job, 1)
+    assert held.state == TrainerState.PENDING and held.held
+    queued = {"spec": {"runPolicy": {"suspend": True}}, **job(
+        ("Created", "True", "2026-11-30T10:00:00Z"), ("Running", "False", "2026-11-30T10:05:00Z"),
+        ("Suspended", "True", "2026-11-30T10:05:00Z"))}
+    held = trainer_state("PyTorchJob", queued, 2)
+    assert held.state == TrainerState.PENDING and held.held and held.attempt == 2
+    admitted = {"spec": {"runPolicy": {"suspend": False}}, **job(
+        ("Created", "True", "2026-11-30T10:00:00Z"), ("Running", "True", "2026-11-30T10:06:00Z"))}
+    assert trainer_state("PyTorchJob", admitted, 2).state == TrainerState.RUNNING
+    # A finished job stays finished, suspended or not.
+    done = {"spec": {"suspend": True}, "status": {"conditions": [
+        {"type": "Complete", "status": "True"}]}}
+    assert trainer_state("Job", done, 1).state == TrainerState.SUCCEEDED
+
+
+def _workload(created: str, *conditions: tuple[str, str, str, str]) -> dict[str, Any]:
+    return {"metadata": {"creationTimestamp": created}, "status": {"conditions": [
+        {"type": t, "status": s, "reason": r, "message": m} for t, s, r, m in conditions]}}
+
+
+def test_the_queue_hold_is_told_in_kueues_words() -> None:
+    quota = ("couldn't assign flavors to pod set master: insufficient quota for cpu in flavor "
+             "default, previously considered podsets requests (0) + current podset request (2) "
+             "> maximum capacity (1)")
+    pending = _workload("2026-11-30T10:00:00Z", ("QuotaReserved", "False", "Pending", quota))
+    assert queue_hold("hyperpod-ns-a-localqueue", [pending]) == \
+        f"waiting for Kueue admission in queue hyperpod-ns-a-localqueue: {quota}"
+    preempted = _workload(
+        "2026-11-30T10:00:00Z", ("QuotaReserved", "False", "Pending", "waiting"),
+        ("Evicted", "True", "Preempted", "Preempted to accommodate a workload (UID: 1) due to "
+                                         "prioritization in the ClusterQueue"))
+    assert queue_hold("q", [preempted]) == (
+        "waiting for Kueue admission in queue q: evicted (Preempted): Preempted to accommodate "
+        "a workload (UID: 1) due to prioritization in the ClusterQueue")
+    assert queue_hold("q", []) == "waiting for Kueue admission in queue q"
+    assert queue_hold("", []) == "suspended, waiting to be admitted"

@@ -329,6 +329,17 @@ def test_a_restarting_pytorchjob_is_the_same_attempt() -> None:
     assert Act.DELETE_TRAINER not in d.actions and Act.ENSURE_TRAINER not in d.actions
 
 
+def test_a_trainer_kueue_holds_waits_says_why_and_costs_nothing() -> None:
+    hold = "waiting for Kueue admission in queue lq: insufficient quota for cpu"
+    d = decide(ready(trainers_exist=True, trainer=TrainerObserved(
+        1, TrainerState.PENDING, hold, held=True)))
+    assert d.status.phase == Phase.PROVISIONING and d.status.attempts == 1
+    assert d.status.message == f"waiting for the trainer (attempt 1): {hold}"
+    ready_cond = next(c for c in d.status.conditions if c.type == "TrainerReady")
+    assert (ready_cond.reason, ready_cond.message) == ("AwaitingAdmission", hold)
+    assert d.status.cost.running_since is None and not d.actions
+
+
 CAUSE = "NoCredentialsError: Unable to locate credentials"
 
 
