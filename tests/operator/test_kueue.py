@@ -36,6 +36,7 @@ from tests.operator.runs import (
 pytestmark = [pytest.mark.cluster, pytest.mark.aws, pytest.mark.slow]
 STANDIN_TRAINER = ["python", "-m", "mtrl_testbed.standin_trainer", "--step-seconds", "0.2"]
 QUEUE = "hyperpod-ns-team-a-localqueue"
+CLUSTER_QUEUE = "hyperpod-ns-team-a-clusterqueue"  # the names HyperPod task governance gives
 PRIORITY = "training-priority"
 
 
@@ -80,8 +81,8 @@ def _kueue(kind: str, name: str, spec: dict[str, Any] | None = None,
             **({"spec": spec} if spec is not None else {}), **extra}
 
 
-def _cluster_queue(cpu: str) -> dict[str, Any]:
-    return _kueue("ClusterQueue", "team-a", {
+def _cluster_queue(cpu: str, name: str = CLUSTER_QUEUE) -> dict[str, Any]:
+    return _kueue("ClusterQueue", name, {
         "namespaceSelector": {},
         "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{
             "name": "default", "resources": [{"name": "cpu", "nominalQuota": cpu},
@@ -98,7 +99,7 @@ def test_a_trainer_kueue_holds_for_quota_says_so_costs_nothing_then_trains(
     cluster = kueue_cluster
     with cluster.namespace(f"t-kueue-{uuid.uuid4().hex[:6]}") as namespace:
         _put(cluster, _kueue("ResourceFlavor", "default", {}), _cluster_queue(cpu="1"),
-             _kueue("LocalQueue", QUEUE, {"clusterQueue": "team-a"}, namespace=namespace),
+             _kueue("LocalQueue", QUEUE, {"clusterQueue": CLUSTER_QUEUE}, namespace=namespace),
              _kueue("WorkloadPriorityClass", PRIORITY, value=100,
                     description="HyperPod task governance's training tasks"))
         apply(cluster, namespace, run_manifest("queued", trainer={
@@ -139,11 +140,11 @@ def test_a_trainer_kueue_preempts_waits_for_readmission_in_the_same_attempt(
     attempt, with no failure counted."""
     cluster = kueue_cluster
     with cluster.namespace(f"t-kueue-{uuid.uuid4().hex[:6]}") as namespace:
-        queue = _cluster_queue(cpu="2")
-        queue["metadata"]["name"] = "team-b"
+        queue = _cluster_queue(cpu="2", name="hyperpod-ns-team-b-clusterqueue")
         queue["spec"]["preemption"] = {"withinClusterQueue": "LowerPriority"}
         _put(cluster, _kueue("ResourceFlavor", "default", {}), queue,
-             _kueue("LocalQueue", QUEUE, {"clusterQueue": "team-b"}, namespace=namespace),
+             _kueue("LocalQueue", QUEUE, {"clusterQueue": "hyperpod-ns-team-b-clusterqueue"},
+                    namespace=namespace),
              _kueue("WorkloadPriorityClass", "low", value=10),
              _kueue("WorkloadPriorityClass", "high", value=1000))
         apply(cluster, namespace, run_manifest("preempted", trainer={
