@@ -132,23 +132,24 @@ def test_a_trainer_kueue_holds_for_quota_says_so_costs_nothing_then_trains(
         wait_clean(cluster, names_of(run, operator_id="kueue"))
 
 
+@pytest.mark.parametrize("launcher", ["PyTorchJob", "Job"])
 def test_a_trainer_kueue_preempts_waits_for_readmission_in_the_same_attempt(
-        kueue_cluster: LocalCluster, kueue_operator: OperatorProcess) -> None:
+        kueue_cluster: LocalCluster, kueue_operator: OperatorProcess, launcher: str) -> None:
     """A higher-priority workload in the same ClusterQueue evicts the running trainer: Kueue
     suspends its PyTorchJob, whose controller deletes the pods. The run says so and waits; once
     the other workload is done, Kueue admits the trainer again and it finishes in the same
     attempt, with no failure counted."""
     cluster = kueue_cluster
     with cluster.namespace(f"t-kueue-{uuid.uuid4().hex[:6]}") as namespace:
-        queue = _cluster_queue(cpu="2", name="hyperpod-ns-team-b-clusterqueue")
+        cq = f"hyperpod-ns-team-b-{launcher.lower()}-clusterqueue"
+        queue = _cluster_queue(cpu="2", name=cq)
         queue["spec"]["preemption"] = {"withinClusterQueue": "LowerPriority"}
         _put(cluster, _kueue("ResourceFlavor", "default", {}), queue,
-             _kueue("LocalQueue", QUEUE, {"clusterQueue": "hyperpod-ns-team-b-clusterqueue"},
-                    namespace=namespace),
+             _kueue("LocalQueue", QUEUE, {"clusterQueue": cq}, namespace=namespace),
              _kueue("WorkloadPriorityClass", "low", value=10),
              _kueue("WorkloadPriorityClass", "high", value=1000))
         apply(cluster, namespace, run_manifest("preempted", trainer={
-            "launcher": "PyTorchJob", "command": STANDIN_TRAINER,
+            "launcher": launcher, "command": STANDIN_TRAINER,
             "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}},
             grpo={"maxSteps": 60}, scheduling={"queueName": QUEUE, "priorityClass": "low"}))
         wait_phase(cluster, namespace, "preempted", "Running", timeout=120)
