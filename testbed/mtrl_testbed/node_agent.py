@@ -312,9 +312,9 @@ class NodeAgent:
     async def _run_container(self, state: PodProcess, pod: Pod, c: Any, mounts: dict[str, Path],
                              env_base: dict[str, str], *, wait: bool) -> int | None:
         env = dict(env_base)  # the agent's own paths are local already: never rewritten
-        for var in c.env or []:
-            env[var.name] = _rewrite(await self._env_value(pod, state, var), mounts)
-        argv = [_rewrite(a, mounts) for a in [*(c.command or []), *(c.args or [])]]
+        for var in c.env or []:  # each value may name the variables before it, as $(NAME)
+            env[var.name] = _rewrite(expand(await self._env_value(pod, state, var), env), mounts)
+        argv = [_rewrite(expand(a, env), mounts) for a in [*(c.command or []), *(c.args or [])]]
         if not argv:
             raise RuntimeError(f"container {c.name} has no command; the node agent cannot run "
                                "an image's default entrypoint")
@@ -537,6 +537,28 @@ def _termination_message(state: PodProcess, c: Any, code: int) -> str:
         lines = log_path.read_bytes().splitlines(keepends=True) if log_path.exists() else []
         message = b"".join(lines[-TERMINATION_LOG_LINES:])[-TERMINATION_LOG_BYTES:]
     return message.decode(errors="replace")
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """The kubelet's expansion of `$(NAME)` in a container's command, args and env values
+    (kubernetes third_party/forked/golang/expansion): a defined NAME becomes its value, an
+    undefined one stays as written, `$$` is a literal `$`, and any other `$` is kept."""
+    out, i = [], 0
+    while i < len(value):
+        if value[i] != "$" or i + 1 == len(value):
+            out.append(value[i])
+            i += 1
+        elif value[i + 1] == "$":
+            out.append("$")
+            i += 2
+        elif value[i + 1] == "(" and (end := value.find(")", i + 2)) != -1:
+            name = value[i + 2:end]
+            out.append(env[name] if name in env else value[i:end + 1])
+            i = end + 1
+        else:
+            out.append("$")
+            i += 1
+    return "".join(out)
 
 
 def _rewrite(value: str, mounts: dict[str, Path]) -> str:
