@@ -118,6 +118,7 @@ def test_a_trainer_kueue_holds_for_quota_says_so_costs_nothing_then_trains(
         assert status["phase"] == "Provisioning" and status["attempts"] == 1, status
         assert condition(run, "TrainerReady")["reason"] == "AwaitingAdmission"
         assert status["cost"]["nodeSeconds"] == 0, status["cost"]
+        assert ("Normal", "TrainerQueued") in _events(cluster, namespace, "queued")
         job = json.loads(cluster.kubectl("get", "pytorchjobs", "-n", namespace, "-o",
                                          "json").stdout)["items"][0]
         assert job["spec"]["runPolicy"]["suspend"] is True  # Kueue's webhook suspended it
@@ -170,6 +171,8 @@ def test_a_trainer_kueue_preempts_waits_for_readmission_in_the_same_attempt(
             f"waiting for the trainer (attempt 1): waiting for Kueue admission in queue {QUEUE}: "
             "evicted (Preempted): Preempted to accommodate a workload"), status["message"]
         assert status["attempts"] == 1 and status["failedAttempts"] == 0, status
+        assert status["phase"] == "Running", status
+        assert ("Warning", "TrainerQueued") in _events(cluster, namespace, "preempted")
         run = wait_phase(cluster, namespace, "preempted", "Succeeded", timeout=240)
         assert run["status"]["attempts"] == 1 and run["status"]["failedAttempts"] == 0, \
             run["status"]
@@ -183,6 +186,13 @@ def test_kueues_webhooks_are_installed_for_the_kinds_its_integrations_manage(
     assert {"mjob.kb.io", "vjob.kb.io", "mpytorchjob.kb.io", "vpytorchjob.kb.io",
             "vworkload.kb.io"} <= names, names
     assert not {"mpod.kb.io", "mdeployment.kb.io"} & names, names
+
+
+def _events(cluster: LocalCluster, namespace: str, run: str) -> list[tuple[str, str]]:
+    """(type, reason) of the run's Events."""
+    items = json.loads(cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                       f"involvedObject.name={run}", "-o", "json").stdout)["items"]
+    return [(e["type"], e["reason"]) for e in items]
 
 
 def cluster_webhooks(cluster: LocalCluster) -> set[str]:

@@ -80,6 +80,11 @@ def trainer(st: Draft, spec: MultiTurnRLRunSpec) -> Decision:
     if trainer.state == TrainerState.FAILED:
         return _failed_attempt(st, spec, trainer)
     running = trainer.state == TrainerState.RUNNING
+    if trainer.held and not any(c.type == "TrainerReady" and c.reason == "AwaitingAdmission"
+                                for c in st.s.conditions):
+        # Queued at creation, or evicted (preempted) while it ran: said once, as it happens.
+        st.events.append(Event("Warning" if st.s.phase == Phase.RUNNING else "Normal",
+                               "TrainerQueued", f"attempt {attempt}: {trainer.message}"))
     st.cond("TrainerReady", running, "Unschedulable" if trainer.unschedulable else
             "AwaitingAdmission" if trainer.held else trainer.state.value, trainer.message)
     if not running:  # say what it waits for on the run, not only in its condition

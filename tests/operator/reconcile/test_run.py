@@ -338,6 +338,19 @@ def test_a_trainer_kueue_holds_waits_says_why_and_costs_nothing() -> None:
     ready_cond = next(c for c in d.status.conditions if c.type == "TrainerReady")
     assert (ready_cond.reason, ready_cond.message) == ("AwaitingAdmission", hold)
     assert d.status.cost.running_since is None and not d.actions
+    assert [(e.type, e.reason, e.message) for e in d.events] == [
+        ("Normal", "TrainerQueued", f"attempt 1: {hold}")]
+    again = decide(ready(status=d.status, trainers_exist=True, trainer=TrainerObserved(
+        1, TrainerState.PENDING, hold, held=True)))
+    assert "TrainerQueued" not in [e.reason for e in again.events]  # said once
+    # Evicted while it ran (Kueue preempted it): a warning, and the run stays Running.
+    evicted = "waiting for Kueue admission in queue lq: evicted (Preempted): for a workload"
+    running = started()
+    running.phase = Phase.RUNNING
+    d = decide(ready(status=running, trainers_exist=True,
+                     trainer=TrainerObserved(1, TrainerState.PENDING, evicted, held=True)))
+    assert [(e.type, e.reason) for e in d.events] == [("Warning", "TrainerQueued")]
+    assert d.status.phase == Phase.RUNNING and d.status.attempts == 1
 
 
 CAUSE = "NoCredentialsError: Unable to locate credentials"
