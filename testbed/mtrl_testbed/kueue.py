@@ -28,8 +28,6 @@ from typing import Any
 import yaml
 
 from mtrl_testbed import certs, webhooks
-from mtrl_testbed.ports import free_port
-from mtrl_testbed.training_operator import controller_homes
 
 NAMESPACE = "kueue-system"
 SECRET = "kueue-webhook-server-cert"
@@ -40,16 +38,9 @@ FRAMEWORKS = ("batch/job", "kubeflow.org/pytorchjob")
 WEBHOOK_RESOURCES = {("batch", "jobs"), ("kubeflow.org", "pytorchjobs")}
 
 
-def _kueue_home() -> Path:
-    return controller_homes()["kueue"]
-
-
 @dataclass
-class Kueue:
-    root: Path
-    home: Path = field(default_factory=_kueue_home)
-    webhook_port: int = field(default_factory=free_port)
-    health_port: int = field(default_factory=free_port)
+class Kueue(webhooks.Controller):
+    home: Path = field(default_factory=lambda: webhooks.controller_homes()["kueue"])
 
     @property
     def binary(self) -> Path:
@@ -105,12 +96,6 @@ class Kueue:
     def args(self) -> list[str]:
         return ["--config", str(self.root / "config.yaml"),
                 "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=info"]
-
-    def ready(self) -> bool:
-        import urllib.request
-        url = f"http://127.0.0.1:{self.health_port}/readyz"
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
 
 
 def _ours(webhook: dict[str, Any]) -> bool:

@@ -26,9 +26,6 @@ What stands in for its Deployment (manifests/base/deployment.yaml in the module)
 from __future__ import annotations
 
 import contextlib
-import functools
-import subprocess
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +38,6 @@ SERVICE = "training-operator"
 CA_NAME = "training-operator-ca"  # pkg/cert/cert.go: caName
 WEBHOOK_CONFIG = "validator.training-operator.kubeflow.org"
 ROTATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # pkg/cert/cert.go: certDir
-BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "hack" / "build-controllers.sh"
 INIT_CONTAINER_TEMPLATE = """\
 - name: init-pytorch
   image: {{.InitContainerImage}}
@@ -49,28 +45,12 @@ INIT_CONTAINER_TEMPLATE = """\
 """
 
 
-@functools.cache
-def controller_homes() -> dict[str, Path]:
-    """Each third-party controller's folder (`training-operator`, `kueue`), building them on
-    first use (hack/build-controllers.sh prints `<name>=<folder>` lines)."""
-    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, capture_output=True, text=True)
-    return {name: Path(path) for name, _, path in
-            (line.partition("=") for line in out.stdout.splitlines()) if path}
-
-
-def controllers_dir() -> Path:
-    return controller_homes()["training-operator"]
-
-
 @dataclass
-class TrainingOperator:
+class TrainingOperator(webhooks.Controller):
     """The files, ports and arguments of one training operator beside one cluster."""
 
-    root: Path
-    home: Path = field(default_factory=controllers_dir)
-    webhook_port: int = field(default_factory=free_port)
+    home: Path = field(default_factory=lambda: webhooks.controller_homes()["training-operator"])
     metrics_port: int = field(default_factory=free_port)
-    health_port: int = field(default_factory=free_port)
 
     @property
     def binary(self) -> Path:
@@ -107,11 +87,6 @@ class TrainingOperator:
             with open(ROTATOR_CERT_DIR / "tls.crt", "xb") as f:
                 f.write(pki.cert)
         return pki
-
-    def ready(self) -> bool:
-        url = f"http://127.0.0.1:{self.health_port}/readyz"
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
 
     def webhook_configuration(self, pki: certs.WebhookPki) -> dict[str, object]:
         return {

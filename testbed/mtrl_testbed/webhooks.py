@@ -1,4 +1,5 @@
-"""What a controller's Deployment gives its webhook server in a cluster, made on loopback.
+"""Third-party controllers beside the local control plane (`controller_homes` finds their
+builds), and what their Deployments give their webhook servers in a cluster, made on loopback.
 
 Kubeflow's training operator and Kueue both keep their webhook certificates with
 open-policy-agent/cert-controller: a rotator reads a CA and a serving pair from a Secret,
@@ -11,12 +12,27 @@ points at `https://127.0.0.1:<port><path>` instead of the Service.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import subprocess
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from mtrl_testbed import certs
+from mtrl_testbed.ports import free_port
+
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "hack" / "build-controllers.sh"
+
+
+@functools.cache
+def controller_homes() -> dict[str, Path]:
+    """Each third-party controller's folder (`training-operator`, `kueue`), building them on
+    first use (hack/build-controllers.sh prints `<name>=<folder>` lines)."""
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, capture_output=True, text=True)
+    return {name: Path(path) for name, _, path in
+            (line.partition("=") for line in out.stdout.splitlines()) if path}
 
 
 class KubectlFn(Protocol):
@@ -56,3 +72,20 @@ def mount(directory: Path, pki: certs.WebhookPki) -> None:
 def client_config(port: int, path: str, pki: certs.WebhookPki) -> dict[str, str]:
     return {"url": f"https://127.0.0.1:{port}{path}",
             "caBundle": base64.b64encode(pki.ca_cert).decode()}
+
+
+@dataclass
+class Controller:
+    """A third-party controller beside one cluster: its files under `root`, its build in
+    `home` (hack/build-controllers.sh), its webhook and health ports on loopback."""
+
+    root: Path
+    home: Path
+    webhook_port: int = field(default_factory=free_port)
+    health_port: int = field(default_factory=free_port)
+
+    def ready(self) -> bool:
+        """Its /readyz: controller-runtime's, which waits for the webhook server and certs."""
+        url = f"http://127.0.0.1:{self.health_port}/readyz"
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.status == 200

@@ -107,9 +107,9 @@ def test_a_trainer_kueue_holds_for_quota_says_so_costs_nothing_then_trains(
             "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}},
             scheduling={"queueName": QUEUE, "priorityClass": PRIORITY}))
         # Held: the ClusterQueue has 1 CPU and the trainer asks for 2.
-        run = wait_for(lambda: (r := get(cluster, namespace, "queued")) and "waiting for Kueue "
-                       "admission" in (r.get("status") or {}).get("message", "") and r,
-                       120, "the run to say Kueue holds its trainer")
+        # First "waiting for Kueue admission in queue ...", then Kueue's reason once its
+        # Workload has one.
+        run = _saying(cluster, namespace, "queued", "insufficient quota for cpu")
         status = run["status"]
         assert status["message"].startswith(
             f"waiting for the trainer (attempt 1): waiting for Kueue admission in queue {QUEUE}: "
@@ -163,9 +163,7 @@ def test_a_trainer_kueue_preempts_waits_for_readmission_in_the_same_attempt(
                     "name": "urgent", "image": "busybox", "command": ["sleep", "3"],
                     "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}}]}}}}
         _put(cluster, urgent)
-        run = wait_for(lambda: (r := get(cluster, namespace, "preempted")) and "evicted "
-                       "(Preempted)" in (r.get("status") or {}).get("message", "") and r,
-                       120, "the run to say Kueue preempted its trainer")
+        run = _saying(cluster, namespace, "preempted", "evicted (Preempted)")
         status = run["status"]
         assert status["message"].startswith(
             f"waiting for the trainer (attempt 1): waiting for Kueue admission in queue {QUEUE}: "
@@ -186,6 +184,12 @@ def test_kueues_webhooks_are_installed_for_the_kinds_its_integrations_manage(
     assert {"mjob.kb.io", "vjob.kb.io", "mpytorchjob.kb.io", "vpytorchjob.kb.io",
             "vworkload.kb.io"} <= names, names
     assert not {"mpod.kb.io", "mdeployment.kb.io"} & names, names
+
+
+def _saying(cluster: LocalCluster, namespace: str, run: str, words: str) -> dict[str, Any]:
+    """The run, once its message says `words`."""
+    return wait_for(lambda: (r := get(cluster, namespace, run)) and words in (
+        r.get("status") or {}).get("message", "") and r, 120, f"{run} to say {words!r}")
 
 
 def _events(cluster: LocalCluster, namespace: str, run: str) -> list[tuple[str, str]]:
