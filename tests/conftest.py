@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -87,17 +88,23 @@ def aws_env(moto_server: MotoServer) -> Iterator[dict[str, str]]:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A real control plane (etcd, kube-apiserver, controller-manager, scheduler, node agent)
     with the project's CRDs installed."""
-    root = tmp_path_factory.mktemp("cluster")
-    local = LocalCluster(root, training_operator=True).start()
+    with started_cluster(tmp_path_factory.mktemp("cluster"), "cluster-logs",
+                         training_operator=True) as local:
+        yield local
+
+
+@contextlib.contextmanager
+def started_cluster(root: Path, logs: str, **options: bool) -> Iterator[LocalCluster]:
+    """A LocalCluster with the project's CRDs; its logs are kept in ARTIFACTS/`logs`, where
+    CI can show them."""
+    local = LocalCluster(root, **options).start()
     try:
         local.install_crds(REPO_ROOT / "crds")
         yield local
     finally:
         local.stop()
-        # Keep the logs where CI can show them.
-        logs = ARTIFACTS / "cluster-logs"
-        shutil.rmtree(logs, ignore_errors=True)
-        shutil.copytree(root / "logs", logs, dirs_exist_ok=True)
+        shutil.rmtree(ARTIFACTS / logs, ignore_errors=True)
+        shutil.copytree(root / "logs", ARTIFACTS / logs, dirs_exist_ok=True)
 
 
 @pytest.fixture

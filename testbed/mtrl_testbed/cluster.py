@@ -271,14 +271,8 @@ class LocalCluster:
         pki = kueue.prepare(self.kubectl)
         # Its rotator is ready once it has put its CA into these (conversion CRDs included).
         webhooks.apply(self.kubectl, *kueue.crds(pki), *kueue.webhook_configurations(pki))
-        self._spawn("kueue", kueue.args(), binary=kueue.binary,
-                    env={"KUBECONFIG": str(self.kubeconfig)})
-
-        def ready() -> bool:
-            self._check_alive("kueue")
-            return kueue.ready()
-
-        wait_until(ready, timeout, "kueue (/readyz)", interval=0.25)
+        self._run_controller("kueue", kueue, kueue.args(),
+                             {"KUBECONFIG": str(self.kubeconfig)}, timeout)
 
     def _start_training_operator(self, timeout: float) -> None:
         to = TrainingOperator(self.root / "training-operator")
@@ -286,14 +280,19 @@ class LocalCluster:
         pki = to.prepare(self.kubectl)
         # Its cert rotator is ready only once it has put the CA into this configuration.
         webhooks.apply(self.kubectl, to.webhook_configuration(pki))
-        self._spawn("training-operator", to.args(self.kubeconfig), binary=to.binary,
-                    env=to.env())
+        self._run_controller("training-operator", to, to.args(self.kubeconfig), to.env(),
+                             timeout)
+
+    def _run_controller(self, name: str, controller: webhooks.Controller, args: list[str],
+                        env: dict[str, str], timeout: float) -> None:
+        """Start a third-party controller and wait for its /readyz."""
+        self._spawn(name, args, binary=controller.binary, env=env)
 
         def ready() -> bool:
-            self._check_alive("training-operator")
-            return to.ready()
+            self._check_alive(name)
+            return controller.ready()
 
-        wait_until(ready, timeout, "training-operator (/readyz)", interval=0.25)
+        wait_until(ready, timeout, f"{name} (/readyz)", interval=0.25)
 
     def _start_etcd(self, timeout: float) -> None:
         self._spawn("etcd", [

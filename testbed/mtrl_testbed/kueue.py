@@ -40,11 +40,9 @@ WEBHOOK_RESOURCES = {("batch", "jobs"), ("kubeflow.org", "pytorchjobs")}
 
 @dataclass
 class Kueue(webhooks.Controller):
+    BINARY = "kueue"
     home: Path = field(default_factory=lambda: webhooks.controller_homes()["kueue"])
 
-    @property
-    def binary(self) -> Path:
-        return self.home / "bin" / "kueue"
 
     def _manifests(self) -> list[dict[str, Any]]:
         return [d for d in yaml.safe_load_all((self.home / "manifests.yaml").read_text()) if d]

@@ -1,9 +1,9 @@
 """Kubeflow's training operator (v1.9.3), the real one, on the local control plane.
 
 `hack/build-controllers.sh` builds `training-operator.v1` from its Go module and copies the
-CRDs of its standalone install. `start` installs the PyTorchJob CRD, serves the controller's
-validating webhook over TLS on loopback, and runs the controller as a child of the cluster
-(`LocalCluster(..., training_operator=True)`), with PyTorchJob as its only scheme.
+CRDs of its standalone install. `LocalCluster(..., training_operator=True)` installs the
+PyTorchJob CRD, serves the controller's validating webhook over TLS on loopback, and runs the
+controller as a child of the cluster, with PyTorchJob as its only scheme.
 
 What stands in for its Deployment (manifests/base/deployment.yaml in the module):
 - the webhook's Secret `kubeflow/training-operator-webhook-cert` is made here, with a CA and a
@@ -49,12 +49,10 @@ INIT_CONTAINER_TEMPLATE = """\
 class TrainingOperator(webhooks.Controller):
     """The files, ports and arguments of one training operator beside one cluster."""
 
+    BINARY = "training-operator.v1"
     home: Path = field(default_factory=lambda: webhooks.controller_homes()["training-operator"])
     metrics_port: int = field(default_factory=free_port)
 
-    @property
-    def binary(self) -> Path:
-        return self.home / "bin" / "training-operator.v1"
 
     @property
     def crd(self) -> Path:

@@ -18,7 +18,7 @@ import subprocess
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from mtrl_testbed import certs
 from mtrl_testbed.ports import free_port
@@ -83,6 +83,12 @@ class Controller:
     home: Path
     webhook_port: int = field(default_factory=free_port)
     health_port: int = field(default_factory=free_port)
+
+    BINARY: ClassVar[str]  # its file name in `home`/bin
+
+    @property
+    def binary(self) -> Path:
+        return self.home / "bin" / self.BINARY
 
     def ready(self) -> bool:
         """Its /readyz: controller-runtime's, which waits for the webhook server and certs."""

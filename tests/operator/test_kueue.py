@@ -8,7 +8,6 @@ HyperPod task governance is Kueue, with HyperPod's names: a LocalQueue
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -17,11 +16,11 @@ from typing import Any
 import pytest
 
 from mtrl_testbed import chart_identity
-from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
+from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.moto import EXECUTION_ROLE_ARN, MotoServer
 from mtrl_testbed.operator import OperatorProcess
 from mtrl_testbed.ports import wait_until
-from tests.conftest import ARTIFACTS, TEST_PRICE
+from tests.conftest import ARTIFACTS, TEST_PRICE, started_cluster
 from tests.operator.runs import (
     apply,
     condition,
@@ -43,17 +42,10 @@ PRIORITY = "training-priority"
 @pytest.fixture(scope="module")
 def kueue_cluster(tmp_path_factory: pytest.TempPathFactory,
                   moto_server: MotoServer) -> Iterator[LocalCluster]:
-    root = tmp_path_factory.mktemp("kueue-cluster")
-    local = LocalCluster(root, training_operator=True, kueue=True).start()
-    try:
-        local.install_crds(REPO_ROOT / "crds")
+    with started_cluster(tmp_path_factory.mktemp("kueue-cluster"), "kueue-cluster-logs",
+                         training_operator=True, kueue=True) as local:
         (local.root / "pod-env.json").write_text(json.dumps(moto_server.env()))
         yield local
-    finally:
-        local.stop()
-        logs = ARTIFACTS / "kueue-cluster-logs"
-        shutil.rmtree(logs, ignore_errors=True)
-        shutil.copytree(root / "logs", logs, dirs_exist_ok=True)
 
 
 @pytest.fixture(scope="module")
