@@ -11,6 +11,11 @@ demo run the real trainer and workers. What it does, and where it differs from a
   other agent on the machine holds, so pods can bind the same port and readiness probes
   (httpGet, tcpSocket) are real. A Python process's wildcard bind (0.0.0.0) becomes a bind to
   its pod IP (`podnet/sitecustomize.py`), as in a pod's own network namespace.
+- Answers Service and pod host names as the cluster DNS would (`cluster_dns`): each container
+  runs in mount and UTS namespaces of its own, with the pod's hostname and a hosts file (the
+  kubelet's, then its namespace's DNS answers) over /etc/hosts; `nslookup` (what an image's
+  init container waits with) reads it (`podnet/bin`).
+- Expands `$(NAME)` in commands, arguments and env values as the kubelet does (`expand`).
 - Materialises ConfigMap and Secret volumes (their keys as files) and emptyDir volumes (an empty
   folder) under the pod's directory, and rewrites mount paths found in env values and
   arguments to that directory. Other volumes, projected ones included, are empty folders.
@@ -59,10 +64,11 @@ from lightkube import AsyncClient, KubeConfig
 from lightkube.core.exceptions import ApiError
 from lightkube.models.authentication_v1 import TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Node, Pod, Secret, ServiceAccount
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod, Secret, Service, ServiceAccount
 from lightkube.types import PatchType
 
 from mtrl_testbed import container_logs
+from mtrl_testbed.cluster_dns import ClusterDNS, PodHost, PodRecord, ServiceRecord, pod_hostname
 from mtrl_testbed.container_logs import ContainerLog
 
 log = logging.getLogger("mtrl.node-agent")
@@ -158,6 +164,7 @@ class NodeAgent:
         self.pods: dict[str, PodProcess] = {}
         octet, self._ip_range_lock = claim_ip_range()
         self.ips = ip_pool(octet)
+        self.dns = ClusterDNS(work_dir / "dns")
 
     # ------------------------------------------------------------------ nodes
 
@@ -204,13 +211,36 @@ class NodeAgent:
                                        self.tls)
         await self.register_nodes()
         log.info("registered nodes %s", self.node_names)
+        services = asyncio.create_task(self._watch(Service, self.on_service))
+        try:
+            await self._watch(Pod, self.on_pod)
+        finally:
+            services.cancel()
+
+    async def _watch(self, kind: Any, handle: Callable[[str, Any], Awaitable[None]]) -> None:
         while True:
             try:
-                async for event, pod in self.client.watch(Pod, namespace="*", server_timeout=60):
-                    await self.on_pod(event, pod)
+                async for event, obj in self.client.watch(kind, namespace="*", server_timeout=60):
+                    await handle(event, obj)
             except (ApiError, httpx.HTTPError) as exc:
-                log.warning("pod watch ended: %s; re-listing", exc)
+                log.warning("%s watch ended: %s; re-listing", kind.__name__, exc)
                 await asyncio.sleep(1)
+
+    async def on_service(self, event: str, svc: Service) -> None:
+        spec = svc.spec
+        record = None if event == "DELETED" or spec is None else ServiceRecord(
+            name=svc.metadata.name, selector=dict(spec.selector or {}),
+            headless=spec.clusterIP == "None",
+            publish_not_ready=bool(spec.publishNotReadyAddresses))
+        self.dns.set_service(svc.metadata.namespace, svc.metadata.name, record)
+
+    def _publish(self, state: PodProcess, pod: Pod, ready: bool | None) -> None:
+        """What the cluster DNS answers for this pod: ready or not while it runs, nothing once
+        it ended (None)."""
+        record = None if ready is None else PodRecord(
+            name=state.name, ip=state.ip, labels=dict(pod.metadata.labels or {}), ready=ready,
+            hostname=pod.spec.hostname, subdomain=pod.spec.subdomain)
+        self.dns.set_pod(state.namespace, state.uid, record)
 
     async def on_pod(self, event: str, pod: Pod) -> None:
         if pod.spec is None or pod.spec.nodeName not in self.node_names:
@@ -220,7 +250,7 @@ class NodeAgent:
         if event == "DELETED":
             if state:
                 await self._kill(state, grace=0)
-                self.pods.pop(uid, None)
+                self._forget(state)
             return
         if pod.metadata.deletionTimestamp is not None:
             if state and not state.terminating:
@@ -320,8 +350,10 @@ class NodeAgent:
                                "an image's default entrypoint")
         log_file = open(state.root / f"{c.name}.log", "ab")  # noqa: SIM115, ASYNC230 (the child owns it)
         state.logs[c.name].starts.append(log_file.tell())  # this start's output begins here
+        in_pod = self.dns.wrap(state.namespace, state.uid, _pod_host(pod, state),
+                               _resolve_argv(argv))
         proc = await asyncio.create_subprocess_exec(
-            *_resolve_argv(argv), env=env, cwd=str(state.root), stdout=log_file,
+            *in_pod, env=env, cwd=str(state.root), stdout=log_file,
             stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         log_file.close()
         state.procs[c.name] = proc
@@ -362,6 +394,7 @@ class NodeAgent:
             statuses.append(status)
         all_ready = all(s["ready"] for s in statuses)
         ready = "True" if all_ready else "False"
+        self._publish(state, pod, all_ready)
         await self._patch_status(state.namespace, state.name, {
             "phase": "Running", "containerStatuses": statuses,
             "conditions": [{"type": t, "status": s, "lastTransitionTime": _now()} for t, s in (
@@ -377,6 +410,7 @@ class NodeAgent:
                      "state": {"terminated": _terminated(state, containers[name], code)}}
                     for name, code in exit_codes.items()]
         key = "initContainerStatuses" if failed_init else "containerStatuses"
+        self._publish(state, pod, None)
         await self._patch_status(state.namespace, state.name, {
             "phase": "Succeeded" if ok else "Failed", key: statuses,
             "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted",
@@ -392,10 +426,15 @@ class NodeAgent:
             with contextlib.suppress(ApiError):
                 await self._finish(state, pod, codes)
         await self._remove(state.namespace, state.name, state.uid)
+        self._forget(state)
+
+    def _forget(self, state: PodProcess) -> None:
         self.pods.pop(state.uid, None)
+        self.dns.forget(state.namespace, state.uid)
 
     async def _kill(self, state: PodProcess, grace: int) -> None:
         state.terminating = True
+        self.dns.set_pod(state.namespace, state.uid, None)  # a terminating pod leaves its Services
         live = [p for p in state.procs.values() if p.returncode is None]
         for p in live:
             with contextlib.suppress(ProcessLookupError):
@@ -423,8 +462,11 @@ class NodeAgent:
     # ------------------------------------------------------------------ environment and volumes
 
     async def _base_env(self, pod: Pod, state: PodProcess) -> dict[str, str]:
-        env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
-               "HOME": str(state.root), "HOSTNAME": pod.metadata.name,
+        # This Python's environment, then what the images the agent stands in for carry
+        # (podnet/bin: nslookup), then the machine's.
+        env = {"PATH": os.pathsep.join((str(Path(sys.executable).parent), str(POD_NETWORK / "bin"),
+                                        "/usr/local/bin:/usr/bin:/bin")),
+               "HOME": str(state.root), "HOSTNAME": _pod_host(pod, state).hostname,
                "PYTHONUNBUFFERED": "1", "MTRL_POD_IP": state.ip,
                # The pod's own network namespace (see podnet/sitecustomize.py), then the
                # agent's own import path, so pods run the code under test.
@@ -490,6 +532,12 @@ class NodeAgent:
                 if m.name in local:
                     mounts[m.mountPath] = local[m.name]
         return mounts
+
+
+def _pod_host(pod: Pod, state: PodProcess) -> PodHost:
+    aliases = tuple((a.ip, tuple(a.hostnames or ())) for a in pod.spec.hostAliases or [])
+    return PodHost(ip=state.ip, hostname=pod_hostname(pod.metadata.name, pod.spec.hostname),
+                   subdomain=pod.spec.subdomain, aliases=aliases)
 
 
 def _running(state: PodProcess, container: str) -> bool:

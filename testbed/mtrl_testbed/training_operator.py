@@ -18,9 +18,9 @@ What stands in for its Deployment (manifests/base/deployment.yaml in the module)
   controller starts: the rotator reports ready only once it has injected its CA there
   (cert-controller's `ensureReady`), and the cluster waits for `/readyz` before any test
   creates a PyTorchJob;
-- the worker init container, which loops on `nslookup <job>-master-0` (the node agent cannot
-  resolve Service names yet), is a template (`--pytorch-init-container-template-file`) that
-  prints the master's address and exits 0.
+- nothing replaces the worker's init container, which loops on `nslookup <job>-master-0`
+  until the master's Service resolves: the node agent answers it as the cluster DNS would
+  (`cluster_dns`, and `nslookup` in `podnet/bin`).
 """
 
 from __future__ import annotations
@@ -38,11 +38,6 @@ SERVICE = "training-operator"
 CA_NAME = "training-operator-ca"  # pkg/cert/cert.go: caName
 WEBHOOK_CONFIG = "validator.training-operator.kubeflow.org"
 ROTATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")  # pkg/cert/cert.go: certDir
-INIT_CONTAINER_TEMPLATE = """\
-- name: init-pytorch
-  image: {{.InitContainerImage}}
-  command: ['sh', '-c', 'echo master {{.MasterAddr}}']
-"""
 
 
 @dataclass
@@ -53,7 +48,6 @@ class TrainingOperator(webhooks.Controller):
     home: Path = field(default_factory=lambda: webhooks.controller_homes()["training-operator"])
     metrics_port: int = field(default_factory=free_port)
 
-
     @property
     def crd(self) -> Path:
         return self.home / "crds" / "kubeflow.org_pytorchjobs.yaml"
@@ -63,13 +57,10 @@ class TrainingOperator(webhooks.Controller):
         return self.root / "tmp"
 
     def args(self, kubeconfig: Path) -> list[str]:
-        template = self.root / "init-container.yaml"
-        template.write_text(INIT_CONTAINER_TEMPLATE)
         return ["--kubeconfig", str(kubeconfig), "--enable-scheme=pytorchjob",
                 "--metrics-bind-address", f"127.0.0.1:{self.metrics_port}",
                 "--health-probe-bind-address", f"127.0.0.1:{self.health_port}",
                 "--webhook-server-port", str(self.webhook_port), "--leader-elect=false",
-                "--pytorch-init-container-template-file", str(template),
                 "--zap-log-level=info"]
 
     def env(self) -> dict[str, str]:

@@ -118,6 +118,56 @@ def test_a_pytorchjob_trains_through_the_real_training_operator(
     wait_clean(cluster, names_of(run))
 
 
+# Per launcher: the workload's resource, and (pod name before its random suffix, container)
+# for rank 0's node and rank 1's, as the Job controller and Kubeflow's controller name them.
+TWO_NODES = {
+    "PyTorchJob": ("pytorchjobs.kubeflow.org", "{job}-master-0", "{job}-worker-0", "pytorch"),
+    "Job": ("jobs.batch", "{job}-0-", "{job}-1-", "trainer"),
+}
+
+
+@pytest.mark.parametrize("launcher", sorted(TWO_NODES))
+def test_the_real_trainer_trains_on_two_nodes(cluster: LocalCluster, operator: OperatorProcess,
+                                              namespace: str, launcher: str) -> None:
+    """The reference trainer on two nodes of one CPU process each (gloo), as the operator
+    renders it. PyTorchJob: the Worker's init container (Kubeflow's own) waits until the
+    Master's Service resolves, and torchrun meets at the controller's MASTER_ADDR:MASTER_PORT.
+    Job: torchrun's c10d rendezvous at `<job>-0.<job>`, the pod host name of index 0 (which
+    knows itself by that name and hosts the store). Rank 0 shares generation with rank 1 at
+    its rendezvous address; the run succeeds in one attempt."""
+    resource, rank0, rank1, container = TWO_NODES[launcher]
+    manifest = run_manifest("two-node", trainer={"launcher": launcher, "nodes": 2},
+                            grpo={"maxSteps": 2, "groupSize": 4, "promptsPerStep": 2,
+                                  "maxNewTokens": 4},
+                            model={"name": "random:tiny-qwen2", "dtype": "float32",
+                                   "maxSequenceLength": 128},
+                            dataset={"inline": {"train": [{"target_token_id": "16"}]}})
+    del manifest["spec"]["trainer"]["command"]  # what the operator renders: torchrun
+    apply(cluster, namespace, manifest)
+    job = _workload(cluster, resource, namespace)["metadata"]["name"]
+    run = wait_phase(cluster, namespace, "two-node", "Succeeded", timeout=300)
+    assert run["status"]["attempts"] == 1 and run["status"]["progress"]["step"] == 2, \
+        run["status"]
+    # The pods are gone with the job; their logs stay in the node agent's folders.
+    logs = [_agent_log(cluster, namespace, pod.format(job=job), container)
+            for pod in (rank0, rank1)]
+    assert "generation sharded over 2 ranks" in logs[0], logs[0][-3000:]
+    assert "step 2/2 rank 1" in logs[1], logs[1][-3000:]
+    if launcher == "PyTorchJob":
+        waited = _agent_log(cluster, namespace, f"{job}-worker-0", "init-pytorch")
+        assert f"Name:\t{job}-master-0" in waited, waited
+    wait_clean(cluster, names_of(run))
+
+
+def _agent_log(cluster: LocalCluster, namespace: str, pod: str, container: str) -> str:
+    """The container's log in the node agent's folder of pod `pod` (or of the pod whose name
+    begins with `pod`, ending in '-')."""
+    pattern = f"{namespace}_{pod}{'*' if pod.endswith('-') else ''}_*/{container}.log"
+    found = sorted((cluster.root / "pods").glob(pattern))
+    assert found, f"no log of {namespace}/{pod}[{container}] in the node agent's folders"
+    return found[-1].read_text(errors="replace")
+
+
 def test_a_failed_pytorchjobs_words_survive_the_controllers_clean_up(
         cluster: LocalCluster, operator: OperatorProcess, namespace: str) -> None:
     """Kubeflow's controller cleans up a failed job's pods; the operator still reads the
