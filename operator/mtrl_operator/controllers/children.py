@@ -74,8 +74,10 @@ class Children:
         self.deployments: dict[str, dict[str, Any]] = {}
         self.progress: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, dict[str, dict[str, Any]]] = {}  # run uid -> pod name -> pod
-        # Node name -> what preflight reads; None when not watched or the operator may not.
-        self.nodes: dict[str, dict[str, Any]] | None = {} if nodes else None
+        # Node name -> what preflight reads (`nodes`: None when not watched, or while the
+        # operator may not list them).
+        self._nodes: dict[str, dict[str, Any]] | None = {} if nodes else None
+        self._refused: set[str] = set()  # kinds whose last list the API server refused (403)
         self.synced = asyncio.Event()
         self._unsynced = {(kind, ns) for kind, _ in WATCHED for ns in scopes}
         if nodes:
@@ -85,9 +87,15 @@ class Children:
         # Namespaced RBAC allows only per-namespace watches; globs need a cluster-wide one.
         tasks = [asyncio.create_task(self._watch(kind, component, ns))
                  for kind, component in WATCHED for ns in self.scopes]
-        if self.nodes is not None:
+        if self._nodes is not None:
             tasks.append(asyncio.create_task(self._watch("Node", None, CLUSTER)))
         return tasks
+
+    @property
+    def nodes(self) -> dict[str, dict[str, Any]] | None:
+        """The cluster's nodes as preflight reads them, or None: not watched, or refused (a
+        namespaced install may not list nodes; preflight then does not check them)."""
+        return None if "Node" in self._refused else self._nodes
 
     def forget(self, uid: str) -> None:
         """The run is gone: so is everything cached for it."""
@@ -105,11 +113,11 @@ class Children:
         name = obj["metadata"]["name"]
         gone = event_type == "DELETED"
         if kind == "Node":
-            if self.nodes is not None:
+            if self._nodes is not None:
                 if gone:
-                    self.nodes.pop(name, None)
+                    self._nodes.pop(name, None)
                 else:
-                    self.nodes[name] = _node(obj)
+                    self._nodes[name] = _node(obj)
             return
         uid = _run_uid(obj)
         if not uid:
@@ -144,7 +152,7 @@ class Children:
 
     def _cached(self, kind: str) -> list[dict[str, Any]]:
         if kind == "Node":
-            return list((self.nodes or {}).values())
+            return list((self._nodes or {}).values())
         if kind == "Pod":
             return [pod for pods in self.pods.values() for pod in pods.values()]
         if kind in TRAINER_KINDS:
@@ -155,7 +163,7 @@ class Children:
     def _cached_one(self, kind: str, obj: dict[str, Any]) -> dict[str, Any] | None:
         uid, name = _run_uid(obj), obj["metadata"]["name"]
         if kind == "Node":
-            return (self.nodes or {}).get(name)
+            return (self._nodes or {}).get(name)
         if kind == "Pod":
             return self.pods.get(uid, {}).get(name)
         if kind in TRAINER_KINDS:
@@ -170,6 +178,22 @@ class Children:
             log.info("child caches listed; reconciling")
             self.synced.set()
 
+    def _refuse(self, kind: str, namespace: str, exc: Exception) -> None:
+        if kind not in self._refused:
+            if kind == "Node":  # a namespaced install may not list nodes
+                log.info("the operator may not list nodes; preflight does not check them "
+                         "until it may")
+            else:
+                log.warning("the operator may not watch %s in %s (looking again): %s", kind,
+                            namespace or "the cluster", exc)
+        self._refused.add(kind)
+        self._listed_once(kind, namespace)  # the operator works with what it may see
+
+    def _permitted(self, kind: str) -> None:
+        if kind in self._refused:
+            self._refused.discard(kind)
+            log.info("the operator may watch %s again", kind)
+
     async def _watch(self, kind: str, component: str | None, namespace: str) -> None:
         """A watch that was cut resumes with a new list: the events of the gap are lost for
         good, and a missed DELETED would leave a child in the cache forever (a teardown
@@ -180,22 +204,28 @@ class Children:
         if component is not None:
             labels[LABEL_COMPONENT] = component
         absent_for = 0.0  # an uninstalled kind is looked for again after 5 s, 10 s, ... 60 s
+        refused_for = 0.0  # a refused one after 1 s, 2 s, ... 60 s
         while True:
             try:
                 async for event, objs in self.kube.list_and_watch(kind, labels, namespace):
                     if event == "LISTED":
-                        absent_for = 0.0
+                        absent_for = refused_for = 0.0
+                        self._permitted(kind)
                         self.on_listed(kind, namespace, objs)
                         self._listed_once(kind, namespace)
                     else:
                         self.on_event(kind, event, objs[0])
             except asyncio.CancelledError:
                 raise
-            except NotPermitted:  # only nodes may be: a namespaced install may not list them
-                log.info("the operator may not watch %s; preflight does not check them", kind)
-                self.nodes = None
-                self._listed_once(kind, namespace)
-                return
+            except NotPermitted as exc:
+                # Not always for good: an API server that has just restarted refuses every
+                # request until its authorizer has read the RBAC objects (seen here for about
+                # a second after a restart). So look again, with backoff, as client-go's
+                # reflector does; meanwhile the cache keeps what it had.
+                self._refuse(kind, namespace, exc)
+                refused_for = min(60.0, max(1.0, 2 * refused_for))
+                await asyncio.sleep(refused_for)
+                continue
             except NotServed:  # e.g. no PyTorchJob CRD (yet) in this cluster
                 self._listed_once(kind, namespace)  # nothing of a kind not served can exist
                 absent_for = min(60.0, max(5.0, 2 * absent_for))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from mtrl_api.run import MultiTurnRLRunStatus, Phase
 from mtrl_operator import metrics
 from mtrl_operator.controllers.run import Controller
-from mtrl_operator.naming import LABEL_ATTEMPT, LABEL_COMPONENT
+from mtrl_operator.errors import NotPermitted
+from mtrl_operator.naming import LABEL_ATTEMPT, LABEL_COMPONENT, LABEL_RUN_UID
 from mtrl_operator.reconcile.run import Act, Decision
 from mtrl_operator.settings import Settings
 
@@ -250,6 +254,53 @@ def test_nodes_are_not_watched_when_preflight_does_not_check_them() -> None:
     assert children.nodes is None
     children.on_event("Node", "ADDED", _node("a", "ml.p5.48xlarge", "8"))
     assert children.nodes is None
+
+
+class _RefusedThenListed:
+    """list_and_watch as an API server answers right after a restart: 403 (its authorizer has
+    not read the RBAC objects yet), then the list, then a watch that stays open."""
+
+    def __init__(self, objs: list[dict[str, Any]]) -> None:
+        self.objs, self.calls = objs, 0
+
+    async def list_and_watch(self, kind: str, labels: dict[str, str],
+                             namespace: str) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+        self.calls += 1
+        if self.calls == 1:
+            raise NotPermitted(f"{kind} is forbidden")
+        yield "LISTED", self.objs
+        await asyncio.Event().wait()
+
+
+async def _until(check: Any, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_refused_watch_is_tried_again_until_the_api_server_permits_it() -> None:
+    node = _node("a", "ml.p5.48xlarge", "8")
+    job = {"metadata": {"name": "run-t1", "namespace": "ns", "resourceVersion": "1",
+                        "labels": {LABEL_COMPONENT: "trainer", LABEL_RUN_UID: "u-1"}}}
+    kubes = {"Node": _RefusedThenListed([node]), "Job": _RefusedThenListed([job])}
+    controllers = {kind: Controller(Settings(), kube=kube, aws=None)  # type: ignore[arg-type]
+                   for kind, kube in kubes.items()}
+    watches = [asyncio.create_task(controllers[kind].children._watch(kind, None, ns))
+               for kind, ns in (("Node", ""), ("Job", "ns"))]
+    try:
+        nodes = controllers["Node"].children
+        await _until(lambda: kubes["Node"].calls == 1 and nodes.nodes is None,
+                     "preflight to stop checking nodes while they are refused")
+        await _until(lambda: nodes.nodes is not None and set(nodes.nodes) == {"a"},
+                     "the nodes once the API server permits the list")
+        jobs = controllers["Job"].children
+        await _until(lambda: ("Job", "run-t1") in jobs.trainers.get("u-1", {}),
+                     "the run's Job once the API server permits the list")
+        assert kubes["Job"].calls == 2
+    finally:
+        for watch in watches:
+            watch.cancel()
 
 
 def test_a_relist_wakes_only_the_runs_whose_children_changed() -> None:
