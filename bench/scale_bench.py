@@ -248,6 +248,10 @@ def measure(cluster: LocalCluster, moto: MotoServer, identity: ChartIdentity, ro
         t_running = _until(lambda: runs.count("Running") == n, timeout,
                            f"{n} runs Running")
         cpu_to_running = _proc_figures(pid)["cpu_s"]
+        servers_at_running = {name: _proc_figures(p)["cpu_s"] - servers_before[name]
+                              for name, p in _server_pids(cluster, moto).items()}
+        metrics_at_running = urllib.request.urlopen(
+            f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).read().decode()
         t_finish = time.monotonic()
         trainer_operator.finish_all()
         t_succeeded = _until(lambda: runs.count("Succeeded") == n, timeout,
@@ -275,6 +279,7 @@ def measure(cluster: LocalCluster, moto: MotoServer, identity: ChartIdentity, ro
     kube = _kube_requests(cluster.audit_log, audit_offset)
     aws = _aws_requests(metrics_text)
     reconciles = _metric_sum(metrics_text, "mtrl_reconcile_seconds_count")
+    aws_to_running = _aws_requests(metrics_at_running)
     return {
         "runs": n,
         "create_s": t_created - t0,
@@ -292,6 +297,12 @@ def measure(cluster: LocalCluster, moto: MotoServer, identity: ChartIdentity, ro
         "aws_requests_per_run": sum(aws.values()) / n,
         "aws_requests_by_operation": dict(aws),
         "reconciles_per_run": reconciles / n,
+        # Until every run was Running: what the time to Running is made of.
+        "aws_requests_to_running_per_run": sum(aws_to_running.values()) / n,
+        "aws_requests_to_running_by_operation": dict(aws_to_running),
+        "reconciles_to_running_per_run":
+            _metric_sum(metrics_at_running, "mtrl_reconcile_seconds_count") / n,
+        "servers_cpu_to_running_s": sum(servers_at_running.values()),
         "moto_cpu_s": servers_cpu["moto"],
         "apiserver_etcd_cpu_s": servers_cpu["kube-apiserver"] + servers_cpu["etcd"],
     }
@@ -299,6 +310,9 @@ def measure(cluster: LocalCluster, moto: MotoServer, identity: ChartIdentity, ro
 
 COLUMNS = [("runs", "runs", "{:d}"), ("all_running_s", "all Running (s)", "{:.1f}"),
            ("cpu_to_running_s", "operator CPU until all Running (s)", "{:.1f}"),
+           ("servers_cpu_to_running_s", "servers' CPU until all Running (s)", "{:.1f}"),
+           ("aws_requests_to_running_per_run", "AWS req/run until all Running", "{:.1f}"),
+           ("reconciles_to_running_per_run", "reconciles/run until all Running", "{:.1f}"),
            ("finish_to_clean_s", "finish -> torn down (s)", "{:.1f}"),
            ("delete_to_gone_s", "delete -> gone (s)", "{:.1f}"),
            ("peak_rss_mib", "peak RSS (MiB)", "{:.0f}"), ("cpu_s", "CPU (s)", "{:.1f}"),

@@ -228,12 +228,12 @@ class Aws:
                 if arn.rsplit("/", 1)[-1].rsplit(":", 1)[0] == names.task_family]
 
     async def ensure_task_definition(self, names: RunNames, body: dict[str, Any],
-                                     known: str | None = None) -> str:
+                                     known: str | None = None, looked: bool = False) -> str:
         """The run's active task definition: `known` (just observed), else the newest one
-        registered, else a new one."""
+        registered (unless the observation `looked` and found none), else a new one."""
         if known:
             return known
-        active = await self.active_task_definitions(names)
+        active = [] if looked else await self.active_task_definitions(names)
         if active:
             return active[0]
         resp = await self._call(self.ecs, "register_task_definition", **body)
@@ -248,14 +248,15 @@ class Aws:
         return len(active)
 
     async def worker_tasks(self, names: RunNames, cluster: str,
-                           stopped: bool = True) -> list[EcsTask]:
-        """The run's tasks; `stopped=False` leaves out those told to stop (one call less,
-        while every worker is there and none needs replacing)."""
+                           desired: tuple[str, ...] = ("RUNNING", "STOPPED")) -> list[EcsTask]:
+        """The run's tasks whose desired status is one of `desired`: RUNNING alone leaves out
+        those told to stop (one call less, while every worker is there and none needs
+        replacing)."""
         arns: list[str] = []
-        for desired in ("RUNNING", "STOPPED") if stopped else ("RUNNING",):
+        for status in desired:
             try:
                 resp = await self._call(self.ecs, "list_tasks", cluster=cluster,
-                                        startedBy=names.started_by, desiredStatus=desired)
+                                        startedBy=names.started_by, desiredStatus=status)
             except SpecError as exc:
                 if exc.reason == "ClusterNotFoundException":  # no cluster, no tasks
                     return []

@@ -80,6 +80,7 @@ class WorkersSeen:
     stopped: int = 0
     problem: WorkerProblem | None = None
     tasks: tuple[EcsTask, ...] = ()
+    definitions_listed: bool = False  # ListTaskDefinitions was called (and found refs' one)
     refs: ResourceRefs = field(default_factory=ResourceRefs)
 
 
@@ -139,6 +140,9 @@ class Controller:
         self.failures: dict[Key, int] = {}  # failed reconciles in a row
         self.last_lines: dict[str, str] = {}  # stopped ECS task -> its worker's last log line
         self.cost_written: dict[Key, float] = {}  # when each run's status was last written
+        # Each run's queues as last listed (monotonic time, role -> URL), by UID: SQS has no
+        # watch, and ListQueues by prefix is the dearest read (lookups.queues_listed_again).
+        self.queue_urls: dict[str, tuple[float, dict[str, str]]] = {}
         self.queue: WorkQueue[Key] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -174,6 +178,7 @@ class Controller:
             self.keys_by_uid.pop(meta["uid"], None)
             self.children.forget(meta["uid"])
             self.actions.forget(meta["uid"])
+            self.queue_urls.pop(meta["uid"], None)
             if self.queue:
                 self.queue.forget(key)
             return
@@ -350,7 +355,7 @@ class Controller:
                      deleting: bool, body: dict[str, Any]) -> Observed:
         """What `decide` looks at: the caches, and what `reconcile.lookups` asks to read."""
         aws = lookups.needs_aws(status, deleting)
-        queue_urls = await self.aws.queues(names) if aws else {}
+        queue_urls = await self._queues(names, spec, status, deleting) if aws else {}
         workers = await self._fetch_workers(names, spec, status, deleting, aws, len(queue_urls))
         trainer = await self._fetch_trainer(names, spec, status, deleting)
         refs = workers.refs.model_copy(update={
@@ -377,8 +382,21 @@ class Controller:
             namespace=names.namespace, name=names.name, uid=names.uid,
             reported_attempt=reported_attempt, trainer_outcome=outcome,
             worker_problem=workers.problem, ecs_tasks=workers.tasks,
+            task_definitions_listed=workers.definitions_listed,
             workers_stopped=workers.stopped,
         )
+
+    async def _queues(self, names: RunNames, spec: MultiTurnRLRunSpec | None,
+                      status: MultiTurnRLRunStatus, deleting: bool) -> dict[str, str]:
+        listed = self.queue_urls.get(names.uid)
+        now = time.monotonic()
+        if listed is not None and not lookups.queues_listed_again(
+                lookups.is_live(spec, status, deleting), set(listed[1]), now - listed[0],
+                self.settings.resync_seconds):
+            return listed[1]
+        urls = await self.aws.queues(names)
+        self.queue_urls[names.uid] = (now, urls)
+        return urls
 
     async def _fetch_workers(self, names: RunNames, spec: MultiTurnRLRunSpec | None,
                              status: MultiTurnRLRunStatus, deleting: bool, aws: bool,
@@ -404,11 +422,15 @@ class Controller:
     async def _fetch_tasks(self, names: RunNames, spec: MultiTurnRLRunSpec | None,
                            status: MultiTurnRLRunStatus, deleting: bool, live: bool,
                            queues: int, seen: WorkersSeen) -> None:
+        if not lookups.tasks_may_exist(queues, deleting, status):
+            return
         cluster = self.actions.cluster(spec)
-        tasks = await self.aws.worker_tasks(names, cluster, stopped=False)
+        tasks = await self.aws.worker_tasks(names, cluster, desired=("RUNNING",))
         if lookups.needs_stopped_tasks(live, spec, sum(t.live for t in tasks)):
             assert spec is not None
-            tasks = await self.aws.worker_tasks(names, cluster)
+            listed = {t.arn for t in tasks}  # a task told to stop since is listed once
+            tasks += [t for t in await self.aws.worker_tasks(names, cluster, desired=("STOPPED",))
+                      if t.arn not in listed]
             seen.problem = await self._stopped_words(names, spec, tasks)
             seen.stopped = sum(t.stopped_on_its_own for t in tasks)
         running = [t for t in tasks if t.live]
@@ -416,6 +438,7 @@ class Controller:
             definitions = [running[0].task_definition_arn]
         elif lookups.task_definition_may_exist(queues, deleting, status):
             definitions = await self.aws.active_task_definitions(names)
+            seen.definitions_listed = True
         else:
             definitions = []
         seen.exist = seen.exist or bool(running or definitions)

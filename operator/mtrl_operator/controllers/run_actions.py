@@ -114,7 +114,7 @@ class RunActions:
             names, worker_builders.task_definition(names, spec, env,
                                                    self.settings.ecs_execution_role_arn,
                                                    self.settings.region),
-            known=obs.resources.task_definition_arn)
+            known=obs.resources.task_definition_arn, looked=obs.task_definitions_listed)
         tasks = obs.ecs_tasks  # live and stopped: the observation lists both when any is missing
         missing = spec.workers.max_replicas - sum(t.live for t in tasks)
         if missing <= 0:

@@ -111,6 +111,8 @@ class Observed:
     workers_stopped: int = 0
     placement: Placement | None = None
     ecs_tasks: tuple[EcsTask, ...] = ()
+    # The run's active task definitions were listed: none in `resources` means none exists.
+    task_definitions_listed: bool = False
 
 
 @dataclass(frozen=True)

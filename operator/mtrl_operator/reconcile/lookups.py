@@ -41,6 +41,23 @@ def needs_stopped_tasks(live: bool, spec: MultiTurnRLRunSpec | None, live_tasks:
     return live and spec is not None and live_tasks < spec.workers.max_replicas
 
 
+def queues_listed_again(live: bool, roles: set[str], age_s: float, resync_s: float) -> bool:
+    """Whether a reconcile lists the run's queues or trusts the last listing: a live run whose
+    every queue was there less than a resync period ago trusts it (a queue deleted behind the
+    operator's back is seen within that period); a run being provisioned, finished or deleted
+    always looks again."""
+    return not live or len(roles) < QUEUE_ROLES or age_s >= resync_s
+
+
+def tasks_may_exist(queues: int, deleting: bool, status: MultiTurnRLRunStatus) -> bool:
+    """Whether to list the run's ECS tasks at all: workers start only once the queues exist,
+    so a run with none that never recorded a worker (a new run, before its queues) has
+    none. A run being deleted or finished is always looked at, and so is one whose status
+    names workers: its queues may have gone while its tasks run."""
+    recorded = status.resources.task_arns or status.resources.task_definition_arn
+    return queues > 0 or deleting or status.phase.finished or bool(recorded)
+
+
 def task_definition_may_exist(queues: int, deleting: bool, status: MultiTurnRLRunStatus) -> bool:
     """Whether to look up the run's task definitions when no live task names one: workers
     (and their definition) come after the queues, or the status recorded one."""

@@ -52,6 +52,28 @@ def test_a_task_definition_is_looked_up_once_one_may_have_been_registered() -> N
     assert lookups.task_definition_may_exist(0, False, recorded)
 
 
+def test_tasks_are_listed_once_queues_or_the_status_say_workers_may_exist() -> None:
+    fresh = _status(Phase.PENDING)
+    assert not lookups.tasks_may_exist(0, False, fresh)  # a new run, before its queues
+    assert lookups.tasks_may_exist(1, False, fresh)
+    assert lookups.tasks_may_exist(0, True, fresh)
+    assert lookups.tasks_may_exist(0, False, _status(Phase.SUCCEEDED))
+    # Its queues deleted behind the operator's back while its workers run:
+    assert lookups.tasks_may_exist(0, False, _status(resources=ResourceRefs(task_arns=["arn:t"])))
+
+
+@pytest.mark.parametrize(("live", "roles", "age", "again"), [
+    (True, 4, 1.0, False),   # every queue, seen a moment ago: trusted
+    (True, 4, 30.0, True),   # a resync period ago: looked at again
+    (True, 3, 1.0, True),    # provisioning: until every queue is there
+    (False, 4, 1.0, True),   # finished or being deleted: teardown reads the truth
+])
+def test_a_live_runs_queues_are_listed_once_per_resync_period(
+        live: bool, roles: int, age: float, again: bool) -> None:
+    seen = {f"role-{i}" for i in range(roles)}
+    assert lookups.queues_listed_again(live, seen, age, resync_s=30.0) is again
+
+
 def _workload(attempt: int) -> dict[str, Any]:
     return {"metadata": {"labels": {LABEL_ATTEMPT: str(attempt)}}}
 
