@@ -18,7 +18,7 @@ def blocks(capsys: pytest.CaptureFixture[str]) -> dict[str, list[str]]:
 
 
 def test_every_environment_is_listed(capsys) -> None:
-    assert sorted(blocks(capsys)) == available() == ["coding", "target", "wordle"]
+    assert sorted(blocks(capsys)) == available() == ["coding", "guess", "target", "wordle"]
 
 
 def test_an_environment_shows_its_summary_parameters_and_components(capsys) -> None:

@@ -14,7 +14,7 @@ class RenamedTarget(TargetEnvironment):
 def test_builtins_load_without_installed_entry_points(monkeypatch) -> None:
     monkeypatch.setattr(registry, "entry_points", lambda group: [])
     assert isinstance(registry.load_environment("wordle"), WordleEnvironment)
-    assert registry.available() == ["coding", "target", "wordle"]
+    assert registry.available() == ["coding", "guess", "target", "wordle"]
 
 
 def test_entry_points_are_discovered_and_take_precedence(monkeypatch) -> None:

@@ -19,6 +19,7 @@ BUILTIN = {
     "wordle": "mtrl_worker.environments.wordle:WordleEnvironment",
     "coding": "mtrl_worker.environments.coding:CodingEnvironment",
     "target": "mtrl_worker.environments.target:TargetEnvironment",
+    "guess": "mtrl_worker.environments.guess:GuessEnvironment",
 }
 
 

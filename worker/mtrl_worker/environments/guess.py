@@ -1,0 +1,201 @@
+"""Guess: find a secret whole number from "higher" / "lower" after each guess.
+
+Why this game (issue 22: a multi-turn task a 135M-parameter model can learn on two CPU cores):
+- A reply is a few tokens, so a small model plays thousands of turns in minutes.
+- It cannot be won reliably without reading the environment's answers: six guesses that
+  ignore them find a secret among 20 numbers at most 6 times in 20, while halving the range
+  the answers leave wins every game in at most 5. So a policy starts above zero and far from the
+  top, and what lifts it is the multi-turn skill of using feedback.
+- Tasks vary the range as well as the secret ("between 37 and 56"), so held-out tasks are new
+  games, not memorized answers.
+
+Rules: a reply's guess is its first whole number in the range. Every reply takes a turn. A reply without a
+number in the range is invalid, a number guessed before is repeated; both are told so and
+penalised. Otherwise the answer is "Higher.", "Lower." or "Correct!" (which ends the game).
+
+Reward order, for every task and default weights, T <= 10 (tests/worker/environments/
+test_guess.py checks it over random whole games): a win in fewer turns > a win in more turns >
+a loss. The speed step between two win lengths (1/T) exceeds the most that shaping
+(`consistent`, 0.05) and the penalty of the faster win (0.05 * (T-2)/T) can take back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mtrl_api.environments import Parameter, TaskField
+from mtrl_rollout.protocol import ChatMessage
+from mtrl_worker.environments.base import Environment, Episode, EpisodeLimits, Policy
+from mtrl_worker.rewards import RewardComponent, Score
+
+MAX_GUESSES = 6
+SPAN = 20  # numbers in a generated task's range
+LOWEST, HIGHEST = 1, 100  # generated ranges lie inside these
+GENERATED_SEED = 0  # fixed: a run's generated tasks must not change when it resumes
+
+# One user message, no system prompt: small instruction-tuned models follow it better.
+PROMPT = (
+    "Let's play a game. I'm thinking of a whole number from {low} to {high}. Guess it in at "
+    "most {turns} tries: after each guess I'll tell you whether my number is higher or lower. "
+    "Reply with just your guess, a single number."
+)
+_NUMBER = re.compile(r"-?\d+")
+
+
+def extract_guess(reply: str, low: int, high: int) -> int | None:
+    """The reply's first whole number in [low, high], else its last number (told it is out of
+    range), else None. Small models wrap their guess in words ("Let's start with 72."), and a
+    range check on the first number would punish the wrapping, not the guess."""
+    numbers = [int(n) for n in _NUMBER.findall(reply)]
+    in_range = [n for n in numbers if low <= n <= high]
+    return in_range[0] if in_range else numbers[-1] if numbers else None
+
+
+class GuessGame:
+    """The game state and its score, without any I/O."""
+
+    def __init__(self, secret: int, low: int, high: int, max_guesses: int = MAX_GUESSES) -> None:
+        if not low <= secret <= high:
+            raise ValueError(f"secret {secret} is not in [{low}, {high}]")
+        self.secret, self.low, self.high = secret, low, high
+        self.max_guesses = max_guesses
+        self.allowed = (low, high)  # what the answers so far leave possible
+        self.guesses: list[int] = []  # valid, distinct guesses in order
+        self.consistent = 0  # valid guesses inside `allowed` when made
+        self.turns = 0
+        self.invalid = 0
+        self.repeated = 0
+        self.solved = False
+
+    @property
+    def over(self) -> bool:
+        return self.solved or self.turns >= self.max_guesses
+
+    def play(self, reply: str) -> str:
+        """Apply one reply; return the message the player sees next."""
+        if self.over:
+            raise RuntimeError("the game is over")
+        self.turns += 1
+        guess = extract_guess(reply, self.low, self.high)
+        left = f"{self.max_guesses - self.turns} guesses left."
+        if guess is None or not self.low <= guess <= self.high:
+            self.invalid += 1
+            return f"Reply with just one whole number from {self.low} to {self.high}. {left}"
+        if guess in self.guesses:
+            self.repeated += 1
+            return f"You guessed {guess} before. {left}"
+        self.guesses.append(guess)
+        lo, hi = self.allowed
+        self.consistent += lo <= guess <= hi
+        if guess == self.secret:
+            self.solved = True
+            return "Correct!"
+        if guess < self.secret:
+            self.allowed = (max(lo, guess + 1), hi)
+            return f"Higher. {left}"
+        self.allowed = (lo, min(hi, guess - 1))
+        return f"Lower. {left}"
+
+    def score(self) -> Score:
+        t = self.max_guesses
+        return Score(
+            components={
+                "solved": float(self.solved),
+                "speed": (t - self.turns + 1) / t if self.solved else 0.0,
+                "consistent": self.consistent / len(self.guesses) if self.guesses else 0.0,
+                "invalid_or_repeated": -(self.invalid + self.repeated) / t,
+            },
+            metrics={
+                "turns": float(self.turns),
+                "valid_guesses": float(len(self.guesses)),
+                "invalid_guess_count": float(self.invalid),
+                "repeated_guess_count": float(self.repeated),
+            },
+        )
+
+
+class GuessEpisode(Episode):
+    def __init__(self, game: GuessGame) -> None:
+        self.game = game
+
+    async def play(self, policy: Policy) -> None:
+        game = self.game
+        messages = [ChatMessage(role="user", content=PROMPT.format(
+            low=game.low, high=game.high, turns=game.max_guesses))]
+        while not game.over:
+            completion = await policy.chat(messages)
+            messages += [
+                ChatMessage(role="assistant", content=completion.text),
+                ChatMessage(role="user", content=game.play(completion.text)),
+            ]
+
+    def score(self) -> Score:
+        return self.game.score()
+
+
+class GuessEnvironment(Environment):
+    name = "guess"
+    components = (
+        RewardComponent("solved", 1.0, 0.0, 1.0, "outcome", "1 if the secret was found."),
+        RewardComponent("speed", 1.0, 0.0, 1.0, "outcome", "(T - turns + 1) / T for a win, else 0."),
+        RewardComponent("consistent", 0.05, 0.0, 1.0, "behaviour",
+                        "Fraction of valid guesses inside the range the answers so far allow."),
+        RewardComponent("invalid_or_repeated", 0.05, -1.0, 0.0, "penalty",
+                        "-(invalid or repeated guesses) / T."),
+    )
+
+    parameters = (
+        Parameter(name="max_guesses", type="int", default=MAX_GUESSES, minimum=1, maximum=10,
+                  doc="Guesses per game (T); the reward order above is proven for T <= 10."),
+    )
+    task_fields = (
+        TaskField(name="secret", type="int", required=True, doc="The secret number."),
+        TaskField(name="low", type="int", doc="The smallest number in play (default 1)."),
+        TaskField(name="high", type="int", doc=f"The largest number in play (default {SPAN})."),
+    )
+
+    def __init__(self, max_guesses: int | str = MAX_GUESSES) -> None:
+        self.max_guesses = int(self.arguments(max_guesses=max_guesses)["max_guesses"])
+
+    def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> GuessEpisode:
+        return GuessEpisode(GuessGame(int(task["secret"]), int(task.get("low", 1)),
+                                      int(task.get("high", SPAN)),
+                                      min(self.max_guesses, limits.max_turns)))
+
+    @classmethod
+    def generate_tasks(cls, count: int, split: str) -> list[dict[str, Any]]:
+        """Every range of SPAN numbers inside 1..100 with every secret in it, in a fixed
+        shuffled order: the first tenth is the validation pool, the rest the training pool; a
+        count above a pool's size repeats it."""
+        games = [{"low": str(low), "high": str(low + SPAN - 1), "secret": str(low + offset)}
+                 for low in range(LOWEST, HIGHEST - SPAN + 2) for offset in range(SPAN)]
+        random.Random(GENERATED_SEED).shuffle(games)
+        held_out = len(games) // 10
+        pool = games[:held_out] if split == "validation" else games[held_out:]
+        return [pool[i % len(pool)] for i in range(count)]
+
+    @classmethod
+    def add_play_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--secret", required=True, type=int, help="the secret number")
+        parser.add_argument("--low", type=int, default=1, help="the smallest number in play")
+        parser.add_argument("--high", type=int, default=SPAN, help="the largest number in play")
+        parser.add_argument("--guess", action="append", default=[], help="one reply per turn")
+
+    @classmethod
+    def play_script(cls, args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
+        task = {"secret": str(args.secret), "low": str(args.low), "high": str(args.high)}
+        return task, list(args.guess)
+
+    def describe_turns(self, task: Mapping[str, Any], replies: Sequence[str]) -> list[str]:
+        game = GuessGame(int(task["secret"]), int(task.get("low", 1)),
+                         int(task.get("high", SPAN)), self.max_guesses)
+        lines = []
+        for reply in replies:
+            if game.over:
+                break
+            lines.append(f"{extract_guess(reply, game.low, game.high)}  {game.play(reply)}")
+        return lines
