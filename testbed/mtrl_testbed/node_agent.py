@@ -463,9 +463,12 @@ class NodeAgent:
 
     async def _base_env(self, pod: Pod, state: PodProcess) -> dict[str, str]:
         # This Python's environment, then what the images the agent stands in for carry
-        # (podnet/bin: nslookup), then the machine's.
+        # (podnet/bin: nslookup; the trainer image's baked model cache: this machine's), then
+        # the machine's.
         env = {"PATH": os.pathsep.join((str(Path(sys.executable).parent), str(POD_NETWORK / "bin"),
                                         "/usr/local/bin:/usr/bin:/bin")),
+               "MTRL_MODEL_CACHE": os.environ.get("MTRL_MODEL_CACHE")  # model_sources.cache_root
+               or str(Path.home() / ".cache" / "mtrl" / "models"),
                "HOME": str(state.root), "HOSTNAME": _pod_host(pod, state).hostname,
                "PYTHONUNBUFFERED": "1", "MTRL_POD_IP": state.ip,
                # The pod's own network namespace (see podnet/sitecustomize.py), then the

