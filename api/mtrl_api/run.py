@@ -569,6 +569,10 @@ class DatasetSpec(ApiModel):
     environment cannot make them fails before its trainer starts (DatasetNotGenerated)."""
     eval_interval_steps: int = Field(10, ge=0, le=1_000_000)
     """Evaluate the validation split every N steps; 0 turns evaluation off. Default 10."""
+    eval_on_start: bool = False
+    """Also evaluate the validation split before the first step: the base model's score, as
+    step 0 in metrics.jsonl and the progress (TRL's eval_on_start). Not repeated on resume.
+    Default false."""
     eval_pass_at_k: Annotated[list[Annotated[int, Field(ge=1, le=64)]], Field(
         min_length=1, max_length=8, json_schema_extra=list_set())] = Field(
         default_factory=lambda: [1])

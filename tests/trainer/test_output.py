@@ -92,14 +92,17 @@ def test_validation_measures_the_policy_that_training_measures(
     about as often as that step's training episodes did (same environment, same tasks)."""
     run = training_runs()
     spec = run_spec(run.bucket, maxSteps=20)
-    spec["dataset"]["evalIntervalSteps"] = 5
+    spec["dataset"] |= {"evalIntervalSteps": 5, "evalOnStart": True}
     _train(run, spec, "validated")
     by_step = {m["step"]: m for m in run.metrics(spec)}
     print({s: (m["successRate"], m["validationSuccessRate"]) for s, m in by_step.items()})
     evaluated = [s for s, m in by_step.items() if m["validationSuccessRate"] is not None]
-    assert evaluated == [5, 10, 15, 20], evaluated
+    assert evaluated == [0, 5, 10, 15, 20], evaluated
     # A policy that solves its training episodes solves the same tasks in validation.
-    learned = [s for s in evaluated if by_step[s]["successRate"] >= 0.9]
+    learned = [s for s in evaluated if s and by_step[s]["successRate"] >= 0.9]
     assert learned and all(by_step[s]["validationSuccessRate"] >= 0.5 for s in learned), by_step
+    # Step 0 is the base model's score (evalOnStart), before any training step: lower.
+    assert by_step[0]["successRate"] is None
+    assert by_step[0]["validationSuccessRate"] < by_step[learned[-1]]["validationSuccessRate"]
     # Each report after a checkpoint names it; the last names the final one.
     assert by_step[20]["latestCheckpoint"] == f"{run.output_uri(spec)}/checkpoints/step-000020/"

@@ -301,6 +301,8 @@ class Run:
         self._tokens_at, self._decoding_at = service.tokens, service.decode_seconds
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminated.set)
         try:
+            if spec.dataset.eval_on_start and tasks.validation and self.state.step == 0:
+                await self._evaluate_base(tasks, orchestrator, progress)
             for step in range(self.state.step, grpo.max_steps):
                 # Play ahead: the episodes of the next maxStepsOffPolicy steps are out, sampled
                 # by the policy of the moment, while this step waits and trains.
@@ -326,6 +328,21 @@ class Run:
             await collector.aclose()
             await outbox.aclose()
             sqs.close()
+
+    async def _evaluate_base(self, tasks: Tasks, orchestrator: Orchestrator,
+                             progress: Progress) -> None:
+        """spec.dataset.evalOnStart: the validation split played by the base policy, reported
+        as step 0 ("b": its sample ids are apart from the later evaluations')."""
+        ks, total = self.config.spec.dataset.eval_pass_at_k, self.config.spec.grpo.max_steps
+        played = await self._interruptible(orchestrator.play("b", 0, tasks.validation, max(ks), 0))
+        validation = success_rate(played.results)
+        log.info("step 0/%d validation success %s before training", total,
+                 "-" if validation is None else f"{validation:.4f}")
+        progress.report(ProgressReport(
+            step=0, total_steps=total, reward_mean=None, reward_std=None, success_rate=None,
+            zero_variance_fraction=None, validation_success_rate=validation,
+            validation_pass_at_k=validation_pass_at_k(played.results, ks),
+            tokens_per_second=None, components=[], policy_version=0))
 
     async def _sample(
         self, step: int, pending: Pending, tasks: Tasks, orchestrator: Orchestrator,
