@@ -65,6 +65,45 @@ class Episode(ABC):
         """The score so far: one value per component the environment declares."""
 
 
+class Game(Protocol):
+    """A turn-based game without I/O: each reply is played and answered until it is over."""
+
+    @property
+    def over(self) -> bool: ...
+
+    def play(self, reply: str) -> str:
+        """Apply one reply; return the message the player sees next."""
+        ...
+
+    def score(self) -> Score: ...
+
+
+class GameEpisode(Episode):
+    """An episode of a `Game`: the opening messages, then each reply and the game's answer."""
+
+    def __init__(self, game: Game, opening: Sequence[ChatMessage]) -> None:
+        self.game = game
+        self.opening = list(opening)
+
+    async def play(self, policy: Policy) -> None:
+        messages = list(self.opening)
+        while not self.game.over:
+            completion = await policy.chat(messages)
+            messages += [
+                ChatMessage(role="assistant", content=completion.text),
+                ChatMessage(role="user", content=self.game.play(completion.text)),
+            ]
+
+    def score(self) -> Score:
+        return self.game.score()
+
+
+def guess_metrics(turns: int, valid: int, invalid: int, repeated: int) -> dict[str, float]:
+    """The metrics of a guessing game (Wordle, guess): turns taken and how the guesses went."""
+    return {"turns": float(turns), "valid_guesses": float(valid),
+            "invalid_guess_count": float(invalid), "repeated_guess_count": float(repeated)}
+
+
 class Environment(ABC):
     name: ClassVar[str]
     components: ClassVar[tuple[RewardComponent, ...]]

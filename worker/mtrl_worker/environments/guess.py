@@ -29,7 +29,7 @@ from typing import Any
 
 from mtrl_api.environments import Parameter, TaskField
 from mtrl_rollout.protocol import ChatMessage
-from mtrl_worker.environments.base import Environment, Episode, EpisodeLimits, Policy
+from mtrl_worker.environments.base import Environment, EpisodeLimits, GameEpisode, guess_metrics
 from mtrl_worker.rewards import RewardComponent, Score
 
 MAX_GUESSES = 6
@@ -37,7 +37,6 @@ SPAN = 20  # numbers in a generated task's range
 LOWEST, HIGHEST = 1, 100  # generated ranges lie inside these
 GENERATED_SEED = 0  # fixed: a run's generated tasks must not change when it resumes
 
-# One user message, no system prompt: small instruction-tuned models follow it better.
 PROMPT = (
     "Let's play a game. I'm thinking of a whole number from {low} to {high}. Guess it in at "
     "most {turns} tries: after each guess I'll tell you whether my number is higher or lower. "
@@ -109,32 +108,8 @@ class GuessGame:
                 "consistent": self.consistent / len(self.guesses) if self.guesses else 0.0,
                 "invalid_or_repeated": -(self.invalid + self.repeated) / t,
             },
-            metrics={
-                "turns": float(self.turns),
-                "valid_guesses": float(len(self.guesses)),
-                "invalid_guess_count": float(self.invalid),
-                "repeated_guess_count": float(self.repeated),
-            },
+            metrics=guess_metrics(self.turns, len(self.guesses), self.invalid, self.repeated),
         )
-
-
-class GuessEpisode(Episode):
-    def __init__(self, game: GuessGame) -> None:
-        self.game = game
-
-    async def play(self, policy: Policy) -> None:
-        game = self.game
-        messages = [ChatMessage(role="user", content=PROMPT.format(
-            low=game.low, high=game.high, turns=game.max_guesses))]
-        while not game.over:
-            completion = await policy.chat(messages)
-            messages += [
-                ChatMessage(role="assistant", content=completion.text),
-                ChatMessage(role="user", content=game.play(completion.text)),
-            ]
-
-    def score(self) -> Score:
-        return self.game.score()
 
 
 class GuessEnvironment(Environment):
@@ -161,10 +136,12 @@ class GuessEnvironment(Environment):
     def __init__(self, max_guesses: int | str = MAX_GUESSES) -> None:
         self.max_guesses = int(self.arguments(max_guesses=max_guesses)["max_guesses"])
 
-    def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> GuessEpisode:
-        return GuessEpisode(GuessGame(int(task["secret"]), int(task.get("low", 1)),
-                                      int(task.get("high", SPAN)),
-                                      min(self.max_guesses, limits.max_turns)))
+    def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> GameEpisode:
+        game = GuessGame(int(task["secret"]), int(task.get("low", 1)), int(task.get("high", SPAN)),
+                         min(self.max_guesses, limits.max_turns))
+        # One user message, no system prompt: small instruction-tuned models follow it better.
+        return GameEpisode(game, [ChatMessage(role="user", content=PROMPT.format(
+            low=game.low, high=game.high, turns=game.max_guesses))])
 
     @classmethod
     def generate_tasks(cls, count: int, split: str) -> list[dict[str, Any]]:

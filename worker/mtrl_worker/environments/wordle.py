@@ -27,7 +27,7 @@ from typing import Any
 
 from mtrl_api.environments import Parameter, TaskField
 from mtrl_rollout.protocol import ChatMessage
-from mtrl_worker.environments.base import Environment, Episode, EpisodeLimits, Policy
+from mtrl_worker.environments.base import Environment, EpisodeLimits, GameEpisode, guess_metrics
 from mtrl_worker.rewards import RewardComponent, Score
 
 WORD_LENGTH = 5
@@ -134,34 +134,8 @@ class WordleGame:
                 "invalid_guesses": -self.invalid / t,
                 "repeated_guesses": -self.repeated / t,
             },
-            metrics={
-                "turns": float(self.turns),
-                "valid_guesses": float(len(self.guesses)),
-                "invalid_guess_count": float(self.invalid),
-                "repeated_guess_count": float(self.repeated),
-            },
+            metrics=guess_metrics(self.turns, len(self.guesses), self.invalid, self.repeated),
         )
-
-
-class WordleEpisode(Episode):
-    def __init__(self, game: WordleGame) -> None:
-        self.game = game
-
-    async def play(self, policy: Policy) -> None:
-        messages = [
-            ChatMessage(role="system", content=SYSTEM_PROMPT.format(turns=self.game.max_guesses)),
-            ChatMessage(role="user", content="Make your first guess."),
-        ]
-        while not self.game.over:
-            completion = await policy.chat(messages)
-            answer = self.game.play(completion.text)
-            messages += [
-                ChatMessage(role="assistant", content=completion.text),
-                ChatMessage(role="user", content=answer),
-            ]
-
-    def score(self) -> Score:
-        return self.game.score()
 
 
 class WordleEnvironment(Environment):
@@ -195,9 +169,13 @@ class WordleEnvironment(Environment):
     def __init__(self, max_guesses: int | str = MAX_GUESSES) -> None:
         self.max_guesses = int(self.arguments(max_guesses=max_guesses)["max_guesses"])
 
-    def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> WordleEpisode:
+    def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> GameEpisode:
         secret = str(task["secret"]).strip().lower()
-        return WordleEpisode(WordleGame(secret, min(self.max_guesses, limits.max_turns)))
+        game = WordleGame(secret, min(self.max_guesses, limits.max_turns))
+        return GameEpisode(game, [
+            ChatMessage(role="system", content=SYSTEM_PROMPT.format(turns=game.max_guesses)),
+            ChatMessage(role="user", content="Make your first guess."),
+        ])
 
     @classmethod
     def generate_tasks(cls, count: int, split: str) -> list[dict[str, Any]]:
