@@ -58,6 +58,9 @@ e2e-kind: install ## the demo on a kind cluster (needs docker, kind, kubectl, he
 bench: install tools ## benchmarks; results go to BENCHMARKS.md
 	$(BIN)/python bench/run_all.py
 
+bench-learning: install ## SmolLM2-135M-Instruct learning `guess` on CPU, 3 seeds (long); the table on stdout, curves in out/learning.png
+	$(BIN)/python bench/learning_bench.py
+
 # TRL's side of the GPU check: the GPU machine has no TRL and no internet, so its wheels are
 # carried there (pure Python, ~2 MB; multiprocess is per Python version: the machine runs 3.12).
 TRL_WHEELS := "trl==1.16.0" "datasets==4.8.5" "dill>=0.3.0,<0.4.2" "multiprocess<0.70.20"
@@ -89,5 +92,5 @@ image-contents: install ## what each image's Python layer holds and its size, wi
 clean: ## remove the venv and local state (not the cached binaries)
 	rm -rf $(VENV) $(CLUSTER_DIR) out .pytest_cache .ruff_cache
 
-.PHONY: help install tools crds lint test cluster-up dev-up cluster-down moto demo e2e-kind bench soak clean \
+.PHONY: help install tools crds lint test cluster-up dev-up cluster-down moto demo e2e-kind bench bench-learning soak clean \
 	bench-wheels bench-wheels-cpu gpu-check image-contents

@@ -25,26 +25,20 @@ Reported per mode, from the run's own metrics.jsonl (stepSeconds, updateSeconds,
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
-import boto3
+from harness import train
 
-from mtrl_rollout.queues import create_run_queues, resource_tags
 from mtrl_testbed.moto import aws_endpoint
 from mtrl_trainer.tokenizer import CharChatTokenizer
 
 GROUP, PROMPTS = 8, 4
 
 
-def spec(bucket: str, args: argparse.Namespace, bound: int) -> dict[str, Any]:
+def spec(args: argparse.Namespace, bound: int) -> dict[str, Any]:
     target = str(CharChatTokenizer().encode("a")[0])
     return {
         "model": {"name": "random:tiny-qwen2", "dtype": "float32", "maxSequenceLength": 512,
@@ -56,49 +50,15 @@ def spec(bucket: str, args: argparse.Namespace, bound: int) -> dict[str, Any]:
         "rollout": {"environment": "target", "maxTurns": args.turns, "episodeTimeoutSeconds": 120},
         "dataset": {"inline": {"train": [{"target_token_id": target}] * PROMPTS},
                     "evalIntervalSteps": 0},
-        "output": {"s3Uri": f"s3://{bucket}/run", "checkpointIntervalSteps": args.steps},
+        "output": {"s3Uri": "s3://set-by-harness/run", "checkpointIntervalSteps": args.steps},
     }
 
 
 def run(args: argparse.Namespace, bound: int, latency_ms: int,
         workdir: Path) -> list[dict[str, Any]]:
     """One training run; its metrics.jsonl."""
-    prefix = f"async{bound}-{uuid.uuid4().hex[:8]}"
-    run_id = f"uid-{prefix}"
-    queues = create_run_queues(boto3.client("sqs"), prefix,
-                               resource_tags(run_id, "default", "bench", "bench"))
-    s3 = boto3.client("s3")
-    s3.create_bucket(Bucket=prefix, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
-    config = workdir / f"{prefix}.json"
-    config.write_text(json.dumps(spec(prefix, args, bound)))
-    env = os.environ | {
-        "MTRL_RUN_ID": run_id, "MTRL_RUN_NAME": "bench", "MTRL_NAMESPACE": "bench",
-        "MTRL_ROLLOUT_QUEUE_URL": queues.rollout_url, "MTRL_RESULT_QUEUE_URL": queues.result_url,
-        "MTRL_GENERATE_QUEUE_URL": queues.generate_url, "MTRL_DLQ_URL": queues.dlq_url,
-        "MTRL_PAYLOAD_BUCKET": prefix, "OMP_NUM_THREADS": "1",
-    }
-    with open(workdir / f"{prefix}-worker.log", "wb") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "mtrl_worker"], stdout=log,
-                                  stderr=subprocess.STDOUT, env=env | {
-            "MTRL_ENVIRONMENT": "target", "MTRL_QUEUE_PREFIX": prefix, "MTRL_WORKER_ID": "w0",
-            "MTRL_ENVIRONMENT_ARGS": json.dumps({"turns": args.turns,
-                                                 "latency_ms": latency_ms}),
-            "MTRL_HEALTH_PORT": "0", "MTRL_POLL_WAIT_S": "1", "MTRL_CONCURRENCY": "256"})
-    try:
-        with open(workdir / f"{prefix}-trainer.log", "wb") as log:
-            code = subprocess.run([sys.executable, "-m", "mtrl_trainer"], stdout=log,
-                                  stderr=subprocess.STDOUT, timeout=1800,
-                                  env=env | {"MTRL_CONFIG": str(config),
-                                             "MTRL_COLLECT_GRACE_S": "10"}).returncode
-    finally:
-        worker.terminate()
-        worker.wait(30)
-    if code:
-        tail = (workdir / f"{prefix}-trainer.log").read_text(errors="replace")[-2000:]
-        raise SystemExit(f"the trainer of mode {bound} exited {code}:\n{tail}")
-    key = f"run/bench/bench/{run_id}/metrics.jsonl"
-    body = s3.get_object(Bucket=prefix, Key=key)["Body"].read().decode()
-    return [json.loads(line) for line in body.splitlines()]
+    return train(spec(args, bound), workdir, f"async{bound}",
+                 environment_args={"turns": args.turns, "latency_ms": latency_ms})
 
 
 def summary(metrics: list[dict[str, Any]]) -> dict[str, float]:

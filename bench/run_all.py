@@ -35,6 +35,8 @@ BENCHES = [
      [PY, "bench/gpt_oss_cpu.py"]),
     ("Trainer: asynchronous GRPO, synchronous vs maxStepsOffPolicy 1 and 2 (issue 15)",
      [PY, "bench/async_bench.py"]),
+    ("Learning: SmolLM2-135M-Instruct plays `guess`, held-out success before and after (issue 22)",
+     [PY, "bench/learning_bench.py"]),
     ("Trainer: GPU readiness check, CPU dry run (P6 needs a GPU: see below)",
      ["bash", "bench/gpu_check.sh", "--tiny"]),
 ]

@@ -1,0 +1,64 @@
+"""One training run for a benchmark: the real trainer and one real worker over SQS and S3 (moto).
+
+`python -m mtrl_trainer` runs with the spec at $MTRL_CONFIG, as the operator runs it, and one
+`python -m mtrl_worker` plays the run's environment; the result is the run's metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from mtrl_rollout.queues import create_run_queues, resource_tags
+
+
+def train(spec: dict[str, Any], workdir: Path, label: str, *, timeout_s: float = 1800,
+          environment_args: dict[str, Any] | None = None,
+          worker_concurrency: int = 256) -> list[dict[str, Any]]:
+    """Train `spec` (its output.s3Uri's bucket is made here) and return its metrics.jsonl."""
+    prefix = f"{label}-{uuid.uuid4().hex[:8]}"
+    run_id = f"uid-{prefix}"
+    queues = create_run_queues(boto3.client("sqs"), prefix,
+                               resource_tags(run_id, "default", "bench", "bench"))
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket=prefix, CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    spec = spec | {"output": spec["output"] | {"s3Uri": f"s3://{prefix}/run"}}
+    config = workdir / f"{prefix}.json"
+    config.write_text(json.dumps(spec))
+    env = os.environ | {
+        "MTRL_RUN_ID": run_id, "MTRL_RUN_NAME": "bench", "MTRL_NAMESPACE": "bench",
+        "MTRL_ROLLOUT_QUEUE_URL": queues.rollout_url, "MTRL_RESULT_QUEUE_URL": queues.result_url,
+        "MTRL_GENERATE_QUEUE_URL": queues.generate_url, "MTRL_DLQ_URL": queues.dlq_url,
+        "MTRL_PAYLOAD_BUCKET": prefix, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
+    arguments = environment_args if environment_args is not None else \
+        spec["rollout"].get("environmentArgs", {})
+    with open(workdir / f"{prefix}-worker.log", "wb") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "mtrl_worker"], stdout=log,
+                                  stderr=subprocess.STDOUT, env=env | {
+            "MTRL_ENVIRONMENT": spec["rollout"]["environment"], "MTRL_QUEUE_PREFIX": prefix,
+            "MTRL_WORKER_ID": "w0", "MTRL_ENVIRONMENT_ARGS": json.dumps(arguments),
+            "MTRL_HEALTH_PORT": "0", "MTRL_POLL_WAIT_S": "1",
+            "MTRL_CONCURRENCY": str(worker_concurrency)})
+    try:
+        with open(workdir / f"{prefix}-trainer.log", "wb") as log:
+            code = subprocess.run([sys.executable, "-m", "mtrl_trainer"], stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=timeout_s,
+                                  env=env | {"MTRL_CONFIG": str(config),
+                                             "MTRL_COLLECT_GRACE_S": "10"}).returncode
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    if code:
+        tail = (workdir / f"{prefix}-trainer.log").read_text(errors="replace")[-2000:]
+        raise SystemExit(f"the trainer of {label} exited {code}:\n{tail}")
+    key = f"run/bench/bench/{run_id}/metrics.jsonl"
+    body = s3.get_object(Bucket=prefix, Key=key)["Body"].read().decode()
+    return [json.loads(line) for line in body.splitlines()]
