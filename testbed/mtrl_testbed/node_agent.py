@@ -314,7 +314,7 @@ class NodeAgent:
                     t.cancel()
                 for t in done:
                     c = waiters[t]
-                    code = t.result()
+                    code = _exit_code(t.result())
                     if state.terminating:
                         exit_codes[c.name] = code
                     elif restart_policy == "Always" or (restart_policy == "OnFailure" and code):

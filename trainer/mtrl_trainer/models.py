@@ -8,6 +8,7 @@ model `pypi:<distribution>==<version>` (converted once into the model cache: mod
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,9 +83,14 @@ def load_policy(spec: ModelSpec, *, seed: int, device: torch.device) -> Policy:
     base.to(device)
     lora = spec.lora
     torch.manual_seed(seed)  # LoRA A is random, B is zero: the first policy is the base model
-    model = get_peft_model(base, LoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
-    ))
+    with warnings.catch_warnings():
+        # peft asks transformers 5 a deprecated question; the warning would be the last lines
+        # of the log, which Kubernetes reports as the message of a trainer killed without one.
+        warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated",
+                                FutureWarning)
+        model = get_peft_model(base, LoraConfig(
+            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+            target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
+        ))
     return Policy(model, tokenizer)
 
