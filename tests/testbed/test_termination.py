@@ -12,7 +12,6 @@ import pytest
 from mtrl_testbed.cluster import LocalCluster
 from tests.operator.runs import wait_for
 
-
 DIE = ("import os, signal\nprint('about to die', flush=True)\n"
        "os.kill(os.getpid(), signal.SIGKILL)")
 
