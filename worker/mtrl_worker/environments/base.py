@@ -12,11 +12,13 @@ import argparse
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from mtrl_api.environments import Parameter, TaskField
 from mtrl_rollout.protocol import ChatMessage, StopReason
 from mtrl_worker.rewards import RewardComponent, Score
+
+G = TypeVar("G")  # a guess
 
 
 @dataclass(frozen=True)
@@ -98,10 +100,62 @@ class GameEpisode(Episode):
         return self.game.score()
 
 
-def guess_metrics(turns: int, valid: int, invalid: int, repeated: int) -> dict[str, float]:
-    """The metrics of a guessing game (Wordle, guess): turns taken and how the guesses went."""
-    return {"turns": float(turns), "valid_guesses": float(valid),
-            "invalid_guess_count": float(invalid), "repeated_guess_count": float(repeated)}
+class GuessingGame(ABC, Generic[G]):
+    """A game of guesses at a secret (Wordle, guess): every reply takes a turn; a guess that is
+    not valid, or was made before, is counted and told so without a hint; a new valid one gets
+    the game's own answer. Subclasses read, check and answer guesses and keep their score."""
+
+    def __init__(self, max_guesses: int) -> None:
+        self.max_guesses = max_guesses
+        self.guesses: list[G] = []  # valid, distinct guesses in order
+        self.turns = 0
+        self.invalid = 0
+        self.repeated = 0
+        self.solved = False
+
+    @property
+    def over(self) -> bool:
+        return self.solved or self.turns >= self.max_guesses
+
+    def play(self, reply: str) -> str:
+        """Apply one reply; return the message the player sees next."""
+        if self.over:
+            raise RuntimeError("the game is over")
+        self.turns += 1
+        guess = self.read(reply)
+        left = f"{self.max_guesses - self.turns} guesses left."
+        if not self.valid(guess):
+            self.invalid += 1
+            return f"{self.invalid_answer(guess)} {left}"
+        if guess in self.guesses:
+            self.repeated += 1
+            return f"{self.repeated_answer(guess)} {left}"
+        self.guesses.append(guess)
+        return self.answer(guess, left)
+
+    def metrics(self) -> dict[str, float]:
+        """Turns taken and how the guesses went."""
+        return {"turns": float(self.turns), "valid_guesses": float(len(self.guesses)),
+                "invalid_guess_count": float(self.invalid),
+                "repeated_guess_count": float(self.repeated)}
+
+    @abstractmethod
+    def read(self, reply: str) -> G:
+        """The guess in a reply."""
+
+    @abstractmethod
+    def valid(self, guess: G) -> bool: ...
+
+    @abstractmethod
+    def invalid_answer(self, guess: G) -> str: ...
+
+    @abstractmethod
+    def repeated_answer(self, guess: G) -> str: ...
+
+    @abstractmethod
+    def answer(self, guess: G, left: str) -> str:
+        """A new valid guess: mark it (and `solved` when it is the secret); `left` says how many
+        guesses remain."""
 
 
 class Environment(ABC):

@@ -29,7 +29,7 @@ from typing import Any
 
 from mtrl_api.environments import Parameter, TaskField
 from mtrl_rollout.protocol import ChatMessage
-from mtrl_worker.environments.base import Environment, EpisodeLimits, GameEpisode, guess_metrics
+from mtrl_worker.environments.base import Environment, EpisodeLimits, GameEpisode, GuessingGame
 from mtrl_worker.rewards import RewardComponent, Score
 
 MAX_GUESSES = 6
@@ -54,40 +54,31 @@ def extract_guess(reply: str, low: int, high: int) -> int | None:
     return in_range[0] if in_range else numbers[-1] if numbers else None
 
 
-class GuessGame:
+class GuessGame(GuessingGame[int | None]):
     """The game state and its score, without any I/O."""
 
     def __init__(self, secret: int, low: int, high: int, max_guesses: int = MAX_GUESSES) -> None:
         if not low <= secret <= high:
             raise ValueError(f"secret {secret} is not in [{low}, {high}]")
+        super().__init__(max_guesses)
         self.secret, self.low, self.high = secret, low, high
-        self.max_guesses = max_guesses
         self.allowed = (low, high)  # what the answers so far leave possible
-        self.guesses: list[int] = []  # valid, distinct guesses in order
         self.consistent = 0  # valid guesses inside `allowed` when made
-        self.turns = 0
-        self.invalid = 0
-        self.repeated = 0
-        self.solved = False
 
-    @property
-    def over(self) -> bool:
-        return self.solved or self.turns >= self.max_guesses
+    def read(self, reply: str) -> int | None:
+        return extract_guess(reply, self.low, self.high)
 
-    def play(self, reply: str) -> str:
-        """Apply one reply; return the message the player sees next."""
-        if self.over:
-            raise RuntimeError("the game is over")
-        self.turns += 1
-        guess = extract_guess(reply, self.low, self.high)
-        left = f"{self.max_guesses - self.turns} guesses left."
-        if guess is None or not self.low <= guess <= self.high:
-            self.invalid += 1
-            return f"Reply with just one whole number from {self.low} to {self.high}. {left}"
-        if guess in self.guesses:
-            self.repeated += 1
-            return f"You guessed {guess} before. {left}"
-        self.guesses.append(guess)
+    def valid(self, guess: int | None) -> bool:
+        return guess is not None and self.low <= guess <= self.high
+
+    def invalid_answer(self, guess: int | None) -> str:
+        return f"Reply with just one whole number from {self.low} to {self.high}."
+
+    def repeated_answer(self, guess: int | None) -> str:
+        return f"You guessed {guess} before."
+
+    def answer(self, guess: int | None, left: str) -> str:
+        assert guess is not None  # valid
         lo, hi = self.allowed
         self.consistent += lo <= guess <= hi
         if guess == self.secret:
@@ -108,7 +99,7 @@ class GuessGame:
                 "consistent": self.consistent / len(self.guesses) if self.guesses else 0.0,
                 "invalid_or_repeated": -(self.invalid + self.repeated) / t,
             },
-            metrics=guess_metrics(self.turns, len(self.guesses), self.invalid, self.repeated),
+            metrics=self.metrics(),
         )
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from mtrl_api.environments import Parameter, TaskField
 from mtrl_rollout.protocol import ChatMessage
-from mtrl_worker.environments.base import Environment, EpisodeLimits, GameEpisode, guess_metrics
+from mtrl_worker.environments.base import Environment, EpisodeLimits, GameEpisode, GuessingGame
 from mtrl_worker.rewards import RewardComponent, Score
 
 WORD_LENGTH = 5
@@ -80,40 +80,30 @@ def extract_guess(reply: str) -> str:
     return words[-1].lower() if words else ""
 
 
-class WordleGame:
+class WordleGame(GuessingGame[str]):
     """The game state and its score, without any I/O."""
 
     def __init__(self, secret: str, max_guesses: int = MAX_GUESSES) -> None:
         self.words = frozenset(word_list())
         if secret not in self.words:
             raise ValueError(f"secret {secret!r} is not in the word list")
+        super().__init__(max_guesses)
         self.secret = secret
-        self.max_guesses = max_guesses
-        self.guesses: list[str] = []  # valid, distinct guesses in order
-        self.turns = 0
-        self.invalid = 0
-        self.repeated = 0
-        self.solved = False
         self.best_progress = 0.0
 
-    @property
-    def over(self) -> bool:
-        return self.solved or self.turns >= self.max_guesses
+    def read(self, reply: str) -> str:
+        return extract_guess(reply)
 
-    def play(self, reply: str) -> str:
-        """Apply one reply; return the message the player sees next."""
-        if self.over:
-            raise RuntimeError("the game is over")
-        self.turns += 1
-        guess = extract_guess(reply)
-        left = f"{self.max_guesses - self.turns} guesses left."
-        if len(guess) != WORD_LENGTH or guess not in self.words:
-            self.invalid += 1
-            return f"{guess!r} is not a valid guess (a five-letter word from the list). {left}"
-        if guess in self.guesses:
-            self.repeated += 1
-            return f"You already guessed {guess}. {left}"
-        self.guesses.append(guess)
+    def valid(self, guess: str) -> bool:
+        return len(guess) == WORD_LENGTH and guess in self.words
+
+    def invalid_answer(self, guess: str) -> str:
+        return f"{guess!r} is not a valid guess (a five-letter word from the list)."
+
+    def repeated_answer(self, guess: str) -> str:
+        return f"You already guessed {guess}."
+
+    def answer(self, guess: str, left: str) -> str:
         marks = feedback(guess, self.secret)
         self.best_progress = max(
             self.best_progress, (2 * marks.count(GREEN) + marks.count(YELLOW)) / (2 * WORD_LENGTH)
@@ -134,7 +124,7 @@ class WordleGame:
                 "invalid_guesses": -self.invalid / t,
                 "repeated_guesses": -self.repeated / t,
             },
-            metrics=guess_metrics(self.turns, len(self.guesses), self.invalid, self.repeated),
+            metrics=self.metrics(),
         )
 
 
