@@ -168,6 +168,11 @@ class ModelSpec(ApiModel):
     """Longest whole episode (prompt plus all turns) in tokens. Default 8192."""
     lora: LoraSpec = Field(default_factory=LoraSpec)
     """The LoRA adapter that training updates; the base weights stay frozen."""
+    gradient_checkpointing: bool = True
+    """Recompute each decoder layer's activations during backward instead of keeping them from
+    the forward (transformers' gradient checkpointing, non-reentrant): the update keeps one
+    layer's activations instead of every layer's, for about one more forward of compute. The
+    gradients are the same. TRL's GRPOConfig turns it on by default too. Default true."""
 
 
 # ----------------------------------------------------------------------------- trainer

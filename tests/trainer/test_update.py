@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from mtrl_api.run import ModelSpec  # noqa: E402
 from mtrl_rollout.protocol import ChatMessage, RolloutResult, TurnRecord  # noqa: E402
-from mtrl_trainer.batch import build_rows  # noqa: E402
+from mtrl_trainer.batch import build_rows, pad  # noqa: E402
 from mtrl_trainer.decoder import FastDecoder  # noqa: E402
 from mtrl_trainer.logprobs import SequenceLogprobs, full_logprobs  # noqa: E402
 from mtrl_trainer.models import Policy, load_policy  # noqa: E402
@@ -20,9 +20,10 @@ from mtrl_trainer.update import UpdateConfig, step_loss  # noqa: E402
 CPU = torch.device("cpu")
 
 
-def policy(preset: str = "tiny-qwen2", perturb: bool = True) -> Policy:
+def policy(preset: str = "tiny-qwen2", perturb: bool = True, checkpointing: bool = True) -> Policy:
     spec = ModelSpec.model_validate({"name": f"random:{preset}", "dtype": "float32",
-                                     "lora": {"rank": 4, "alpha": 8, "dropout": 0.0}})
+                                     "lora": {"rank": 4, "alpha": 8, "dropout": 0.0},
+                                     "gradientCheckpointing": checkpointing})
     p = load_policy(spec, seed=3, device=CPU)
     if perturb:  # a trained-looking adapter, so policy != reference
         gen = torch.Generator().manual_seed(0)
@@ -155,6 +156,32 @@ def test_chunked_logprobs_equal_full_logits_values_and_gradients() -> None:
     assert torch.allclose(chunked, full, atol=1e-5)
     for a, b in zip(grads(chunked), full_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), float((a - b).abs().max())
+
+
+def test_gradient_checkpointing_keeps_less_for_backward_for_the_same_gradients() -> None:
+    """model.gradientCheckpointing (on by default) keeps only each decoder layer's input for
+    backward, which recomputes the rest; the loss and the LoRA gradients are unchanged."""
+    results = {}
+    for checkpointing in (True, False):
+        p = policy(checkpointing=checkpointing)
+        p.model.train()
+        rows = build_rows([two_turn_result(p)], [1.0], loss_type="dapo", max_completion_length=12,
+                          max_sequence_length=512, micro_batches=1)
+        part = pad(rows, 0, CPU)
+        kept: list[int] = []
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t, kept=kept: kept.append(t.numel() * t.element_size()) or t, lambda t: t,
+        ):
+            SequenceLogprobs(p.model)(part.input_ids, part.attention_mask, part.mask, 0.7)
+        p.model.zero_grad(set_to_none=True)
+        sums = step_loss(SequenceLogprobs(p.model), rows, config(), pad_token_id=0, device=CPU)
+        grads = [q.grad.clone() for q in p.model.parameters() if q.requires_grad]
+        results[checkpointing] = sums.loss, grads, sum(kept)
+    (loss_on, grads_on, kept_on), (loss_off, grads_off, kept_off) = results[True], results[False]
+    assert kept_on * 3 < kept_off, (kept_on, kept_off)
+    assert loss_on == pytest.approx(loss_off, abs=1e-6)
+    for a, b in zip(grads_on, grads_off, strict=True):
+        assert torch.allclose(a, b, atol=1e-6), float((a - b).abs().max())
 
 
 def test_gpt_oss_policy_samples_and_trains_with_the_default_adapter_targets() -> None:

@@ -92,5 +92,12 @@ def load_policy(spec: ModelSpec, *, seed: int, device: torch.device) -> Policy:
             r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
             target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
         ))
+    if spec.gradient_checkpointing:
+        # Active only in train mode with gradients on: sampling and evaluation are unaffected.
+        # (transformers 5.24 renamed gradient_checkpointing_enable and deprecated the old name)
+        if hasattr(base, "activation_checkpointing_enable"):
+            base.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return Policy(model, tokenizer)
 
