@@ -11,6 +11,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import boto3
 import pytest
@@ -198,16 +199,34 @@ SLOW_TO_STOP = ["python", "-c", (
     "    time.sleep(1)\n")]
 
 
+def stops_when_released(release: Path) -> list[str]:
+    """A trainer that, told to stop, goes on stopping until the test creates `release` (the
+    node agent runs pods as local processes): the test, not a clock, decides how long the
+    run stays Suspending, however slow the machine."""
+    return ["python", "-c", (
+        "import os, signal, sys, time\n"
+        "def stop(*_):\n"
+        f"    while not os.path.exists({str(release)!r}):\n"
+        "        time.sleep(0.2)\n"
+        "    sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "while True:\n"
+        "    time.sleep(1)\n")]
+
+
 def test_resuming_while_the_trainer_is_being_suspended_is_no_failed_attempt(
-        cluster: LocalCluster, hf_namespace: str) -> None:
-    apply(cluster, hf_namespace, run_manifest("pause", trainer={"command": SLOW_TO_STOP}))
+        cluster: LocalCluster, hf_namespace: str, tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    apply(cluster, hf_namespace, run_manifest(
+        "pause", trainer={"command": stops_when_released(release)}))
     run = wait_phase(cluster, hf_namespace, "pause", "Running")
     cluster.kubectl("patch", "mtrlrun", "pause", "-n", hf_namespace, "--type=merge",
                     "-p", '{"spec":{"lifecycle":{"suspend":true}}}')
     wait_phase(cluster, hf_namespace, "pause", "Suspending")
     cluster.kubectl("patch", "mtrlrun", "pause", "-n", hf_namespace, "--type=merge",
                     "-p", '{"spec":{"lifecycle":{"suspend":false}}}')
-    run = wait_phase(cluster, hf_namespace, "pause", "Running", timeout=60)
+    release.touch()  # only now may the old trainer finish stopping
+    run = wait_phase(cluster, hf_namespace, "pause", "Running")
     assert run["status"]["attempts"] == 1 and run["status"].get("failedAttempts", 0) == 0
     reasons = _messages(cluster, hf_namespace, "pause")
     assert "TrainerFailed" not in reasons and "Suspending" in reasons, reasons
