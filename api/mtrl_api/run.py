@@ -10,7 +10,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from mtrl_api.base import ApiModel, list_map, list_set, rule, rules
 
@@ -243,6 +243,12 @@ class TrainerSpec(ApiModel):
     """Container image of the trainer. Default: the reference GRPO+LoRA trainer."""
     command: Annotated[list[Annotated[str, Field(max_length=4096)]], Field(max_length=64)] | None = None
     """Overrides the image entrypoint. Default: `mtrl trainer` under torchrun."""
+    engine: Literal["mtrl", "trl"] = "mtrl"
+    """Who trains in the trainer pods of the default image: mtrl, the reference trainer, or
+    trl, TRL's GRPOTrainer, whose rollout_func has the run's workers play the episodes. Both
+    read the same spec; with trl, grpo.maxStepsOffPolicy, dynamicSamplingRounds,
+    rolloutCorrection.mode and advantageLevel must keep their defaults, which are all TRL
+    does (docs/trainer.md, "Engines"). Default mtrl."""
     instance_type: Annotated[str, Field(max_length=64)] = "ml.p5.48xlarge"
     """HyperPod instance type the trainer pods require (node affinity on
     node.kubernetes.io/instance-type). Default ml.p5.48xlarge."""
@@ -669,13 +675,38 @@ _IMMUTABLE_AFTER_START = ("model", "grpo", "rollout", "reward", "dataset", "outp
                           "queues")
 
 
+# What TRL's GRPOTrainer cannot do, as (field, CEL test on the spec, default, why): with
+# trainer.engine trl each field must keep its default. The API server refuses the rest, and
+# so does the spec's own validation, for a trainer started without one.
+TRL_UNSUPPORTED: tuple[tuple[str, str, Any, str], ...] = (
+    ("grpo.maxStepsOffPolicy", "self.grpo.maxStepsOffPolicy == 0", 0,
+     "TRL plays each step's episodes with the policy it is about to train"),
+    ("grpo.dynamicSamplingRounds", "self.grpo.dynamicSamplingRounds == 0", 0,
+     "TRL trains on the groups of one generation batch"),
+    ("grpo.rolloutCorrection.mode", "self.grpo.rolloutCorrection.mode == 'none'", "none",
+     "TRL corrects for the sampler only when vLLM samples"),
+    ("grpo.advantageLevel", "self.grpo.advantageLevel == 'episode'", "episode",
+     "TRL gives every token of an episode one advantage"),
+)
+
+
+def _trl_rule(field: str, test: str, default: Any, why: str) -> dict[str, Any]:
+    *parents, _ = field.split(".")
+    present = " && ".join(f"has(self.{'.'.join([*parents[:i], p])})"
+                          for i, p in enumerate(parents)) + f" && has(self.{field})"
+    return rule(f"!has(self.trainer) || !has(self.trainer.engine) || self.trainer.engine != 'trl' "
+                f"|| !({present}) || {test}",
+                f"{field} must be {default!r} with trainer.engine trl: {why}",
+                field_path=f".{field}")
+
+
 class MultiTurnRLRunSpec(ApiModel):
     model_config = ApiModel.model_config | {"json_schema_extra": rules(rule(
         "!has(self.model) || !has(self.grpo) || !has(self.grpo.maxNewTokens) "
         "|| !has(self.model.maxSequenceLength) "
         "|| self.grpo.maxNewTokens <= self.model.maxSequenceLength",
         "maxNewTokens may not exceed model.maxSequenceLength (one turn must fit the episode)",
-        field_path=".grpo.maxNewTokens"))}
+        field_path=".grpo.maxNewTokens"), *(_trl_rule(*limit) for limit in TRL_UNSUPPORTED))}
 
     model: ModelSpec
     """Base model and LoRA adapter."""
@@ -699,6 +730,20 @@ class MultiTurnRLRunSpec(ApiModel):
     """Suspension, deadlines, retries and clean-up of the run object."""
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     """Kueue task governance for the trainer."""
+
+    @model_validator(mode="after")
+    def _what_trl_cannot_do(self) -> MultiTurnRLRunSpec:
+        """The CEL rules of TRL_UNSUPPORTED, for a spec no API server has seen."""
+        if self.trainer.engine != "trl":
+            return self
+        values = self.model_dump(by_alias=True, mode="json")
+        for field, _, default, why in TRL_UNSUPPORTED:
+            value = values
+            for part in field.split("."):
+                value = value[part]
+            if value != default:
+                raise ValueError(f"{field} must be {default!r} with trainer.engine trl: {why}")
+        return self
 
 
 # ----------------------------------------------------------------------------- status

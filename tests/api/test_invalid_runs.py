@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from mtrl_api.run import MultiTurnRLRunSpec
 from mtrl_testbed.cluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,6 +152,18 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
      "spec.trainer.tolerations[0].value"),
     ("ecs-settings-with-kubernetes-backend", {"workers": {"ecs": {"cluster": "rl-workers"}}},
      "spec.workers.ecs"),
+    # what the TRL engine cannot do (issue 23): the field and the engine named
+    ("engine-unknown", {"trainer": {"engine": "verl"}}, "spec.trainer.engine"),
+    ("trl-off-policy", {"trainer": {"engine": "trl"}, "grpo": {"maxStepsOffPolicy": 2}},
+     "spec.grpo.maxStepsOffPolicy: Invalid value: \"object\": grpo.maxStepsOffPolicy must be 0 "
+     "with trainer.engine trl"),
+    ("trl-dynamic-sampling", {"trainer": {"engine": "trl"}, "grpo": {"dynamicSamplingRounds": 1}},
+     "spec.grpo.dynamicSamplingRounds"),
+    ("trl-rollout-correction", {"trainer": {"engine": "trl"},
+                                "grpo": {"rolloutCorrection": {"mode": "token"}}},
+     "spec.grpo.rolloutCorrection.mode"),
+    ("trl-turn-advantages", {"trainer": {"engine": "trl"}, "grpo": {"advantageLevel": "turn"}},
+     "spec.grpo.advantageLevel"),
     ("kubernetes-settings-with-ecs-backend", {"workers": {
         "backend": "ecs-fargate", "cpu": 256, "memory": 512,
         "kubernetes": {"serviceAccountName": "rl-worker"}}}, "spec.workers.kubernetes"),
@@ -186,6 +199,8 @@ VALID: list[tuple[str, dict[str, Any]]] = [
                              "rolloutCorrection": {"mode": "sequence", "threshold": 5}},
                     "rollout": {"maxEpisodesInFlight": 64, "maxPolicyRequestsPerSecond": 2.5},
                     "dataset": {"evalPassAtK": [1, 8, 64]}}),
+    ("trl-engine", {"trainer": {"engine": "trl"}, "grpo": {"lossType": "dr_grpo",
+                                                            "scaleRewards": "batch"}}),
     ("s3", {"output": {"s3Uri": "s3://my.outputs-1"},
             "dataset": {"inline": DELETE, "s3": {"trainUri": "s3://abc/tasks/train.jsonl",
                                                  "validationUri": "s3://abc/v.jsonl"}}}),
@@ -213,6 +228,17 @@ def test_well_formed_values_are_accepted(cluster: LocalCluster, namespace: str, 
     out = cluster.kubectl("create", "--dry-run=server", "-n", namespace, "-f", "-",
                           input=json.dumps(run), check=False)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize(("case", "patch", "field"), [c for c in CASES if c[0].startswith("trl-")],
+                         ids=[c[0] for c in CASES if c[0].startswith("trl-")])
+def test_the_spec_refuses_what_trl_cannot_do_without_an_api_server(case: str, patch: dict,
+                                                                   field: str) -> None:
+    """A trainer started by hand (MTRL_CONFIG) reads the spec with the same refusal."""
+    spec = _merge(copy.deepcopy(BASE["spec"]), patch)
+    with pytest.raises(ValueError, match=field.split(":")[0].removeprefix("spec.")
+                       + " must be .* with trainer.engine trl"):
+        MultiTurnRLRunSpec.model_validate(spec)
 
 
 def test_corpus_is_large_enough() -> None:
