@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= dev,trainer
+EXTRAS ?= dev,trainer,trl
 CLUSTER_DIR ?= .cluster
 
 .DEFAULT_GOAL := help

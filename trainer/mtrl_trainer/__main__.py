@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
     world = init_world()
     try:
+        if config.spec.trainer.engine == "trl":
+            from mtrl_trainer.trl_engine import TrlRun as Run  # TRL is imported only for it
         run = Run(config, world)
         if world.is_leader:
             asyncio.run(run.lead())

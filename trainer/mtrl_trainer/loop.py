@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -266,10 +266,13 @@ class Run:
         serving.join()  # rank 0 hangs up once the run (and its last validation) is done
         self.service.close()
 
-    async def lead(self) -> None:
+    @contextlib.asynccontextmanager
+    async def plumbing(self) -> AsyncIterator[tuple[Orchestrator, Progress]]:
+        """What a leading rank plays through, whichever engine updates: the run's queues, the
+        policy server answering the workers, the orchestrator and the progress sinks; SIGTERM
+        sets `_terminated`."""
         config, spec = self.config, self.config.spec
         grpo = spec.grpo
-        tasks = load_tasks(spec.dataset, spec.rollout.environment)
         sqs = Sqs()
         codec = Codec(s3=s3.client() if config.payload_bucket else None,
                       bucket=config.payload_bucket)
@@ -296,30 +299,11 @@ class Run:
         progress = Progress(self._sinks(), attempt=config.operator_attempt)
         stop = asyncio.Event()
         serving = asyncio.create_task(server.serve(stop))
-        ahead: dict[int, Pending] = {}
         self._reported_at = time.monotonic()
         self._tokens_at, self._decoding_at = service.tokens, service.decode_seconds
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminated.set)
         try:
-            if spec.dataset.eval_on_start and tasks.validation and self.state.step == 0:
-                await self._evaluate_base(tasks, orchestrator, progress)
-            for step in range(self.state.step, grpo.max_steps):
-                # Play ahead: the episodes of the next maxStepsOffPolicy steps are out, sampled
-                # by the policy of the moment, while this step waits and trains.
-                for later in range(step, min(step + grpo.max_steps_off_policy + 1, grpo.max_steps)):
-                    if later not in ahead:
-                        ahead[later] = await orchestrator.publish(
-                            "s", later, tasks.for_step(later, grpo.prompts_per_step, grpo.seed),
-                            grpo.group_size, self.state.step)
-                await self._step(step, ahead.pop(step), tasks, orchestrator, service, progress)
-                if self._terminated.is_set():
-                    raise Terminated()
-            if self._failed_any and self.optimizer_steps == 0:
-                raise EpisodesFailed(f"{EPISODES_FAILED_PREFIX} the run trained nothing in "
-                                     f"{grpo.max_steps} steps: {self._last_failure}")
-            progress.succeeded(self.state.step, grpo.max_steps)  # the last checkpoint is saved
-        except Terminated:
-            raise Terminated(await self._save_on_termination(progress)) from None
+            yield orchestrator, progress
         finally:
             stop.set()
             await serving
@@ -328,6 +312,36 @@ class Run:
             await collector.aclose()
             await outbox.aclose()
             sqs.close()
+
+    async def lead(self) -> None:
+        grpo = self.config.spec.grpo
+        tasks = load_tasks(self.config.spec.dataset, self.config.spec.rollout.environment)
+        ahead: dict[int, Pending] = {}
+        async with self.plumbing() as (orchestrator, progress):
+            try:
+                if (self.config.spec.dataset.eval_on_start and tasks.validation
+                        and self.state.step == 0):
+                    await self._evaluate_base(tasks, orchestrator, progress)
+                for step in range(self.state.step, grpo.max_steps):
+                    # Play ahead: the episodes of the next maxStepsOffPolicy steps are out,
+                    # sampled by the policy of the moment, while this step waits and trains.
+                    for later in range(step, min(step + grpo.max_steps_off_policy + 1,
+                                                 grpo.max_steps)):
+                        if later not in ahead:
+                            ahead[later] = await orchestrator.publish(
+                                "s", later,
+                                tasks.for_step(later, grpo.prompts_per_step, grpo.seed),
+                                grpo.group_size, self.state.step)
+                    await self._step(step, ahead.pop(step), tasks, orchestrator, self.service,
+                                     progress)
+                    if self._terminated.is_set():
+                        raise Terminated()
+                if self._failed_any and self.optimizer_steps == 0:
+                    raise EpisodesFailed(f"{EPISODES_FAILED_PREFIX} the run trained nothing in "
+                                         f"{grpo.max_steps} steps: {self._last_failure}")
+                progress.succeeded(self.state.step, grpo.max_steps)  # the last checkpoint saved
+            except Terminated:
+                raise Terminated(await self._save_on_termination(progress)) from None
 
     async def _evaluate_base(self, tasks: Tasks, orchestrator: Orchestrator,
                              progress: Progress) -> None:

@@ -88,6 +88,11 @@ class HFChatTokenizer:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stops)
         self.pad_token_id = int(pad)
 
+    @property
+    def hf(self) -> Any:
+        """The Hugging Face tokenizer itself."""
+        return self._tok
+
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
         rendered = self._tok.apply_chat_template(
             [m.model_dump(exclude_none=True) for m in messages],
