@@ -19,8 +19,13 @@ from .conftest import TrainingRun, run_spec  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.aws]
 
 
-def test_sigkill_then_resume_continues_from_latest_checkpoint(training_run: TrainingRun) -> None:
-    spec = run_spec(training_run.bucket, maxSteps=6)
+ENGINES = pytest.mark.parametrize("engine", ["mtrl", "trl"])
+
+
+@ENGINES
+def test_sigkill_then_resume_continues_from_latest_checkpoint(training_run: TrainingRun,
+                                                              engine: str) -> None:
+    spec = run_spec(training_run.bucket, maxSteps=6) | {"trainer": {"engine": engine}}
     spec["output"] |= {"checkpointIntervalSteps": 1, "keepCheckpoints": 10}
     spec["dataset"]["evalIntervalSteps"] = 0
     store = CheckpointStore(training_run.output_uri(spec), keep=10, client=boto3.client("s3"))
@@ -53,11 +58,12 @@ def test_sigkill_then_resume_continues_from_latest_checkpoint(training_run: Trai
     assert training_run.progress()["step"] == 6
 
 
+@ENGINES
 def test_sigterm_saves_a_checkpoint_at_the_step_it_was_on_and_the_next_start_continues(
-        training_run: TrainingRun) -> None:
+        training_run: TrainingRun, engine: str) -> None:
     """No checkpoint is due before the end (interval 100): the one SIGTERM makes is all a
     restart has. The step in progress when it came is the only work lost."""
-    spec = run_spec(training_run.bucket, maxSteps=8)
+    spec = run_spec(training_run.bucket, maxSteps=8) | {"trainer": {"engine": engine}}
     spec["output"] |= {"checkpointIntervalSteps": 100, "keepCheckpoints": 10}
     spec["dataset"]["evalIntervalSteps"] = 0
     store = CheckpointStore(training_run.output_uri(spec), keep=10, client=boto3.client("s3"))

@@ -201,30 +201,37 @@ class TrlRun(Run):
             self._orchestrator, self._tasks, self._progress = orchestrator, tasks, progress
             self._pause = contextlib.ExitStack()
             self._trained_groups = 0
-            if spec.dataset.eval_on_start and tasks.validation and first == 0:
-                await self._evaluate_base(tasks, orchestrator, progress)
-            if first < grpo.max_steps:
-                with tempfile.TemporaryDirectory(prefix="trl-") as scratch:
-                    trainer = GRPOTrainer(
-                        model=self.policy.model, reward_funcs=[episode_reward],
-                        args=GRPOConfig(**grpo_arguments(spec, grpo.max_steps - first, scratch,
-                                                         cpu=self.device.type == "cpu")),
-                        train_dataset=Dataset.from_dict({"prompt": rows}),
-                        processing_class=hf_tokenizer(self.policy.tokenizer),
-                        rollout_func=self._rollout, callbacks=[_Reports(self)],
-                        optimizers=(self.optimizer, None),
-                    )
-                    trainer.remove_callback(PrinterCallback)  # each step is logged by report()
-                    try:
-                        await asyncio.to_thread(trainer.train)
-                    finally:
-                        self._pause.close()
+            try:
+                if spec.dataset.eval_on_start and tasks.validation and first == 0:
+                    await self._evaluate_base(tasks, orchestrator, progress)
+                if first < grpo.max_steps:
+                    await self._train(rows, grpo.max_steps - first)
                 if self._terminated.is_set():
-                    raise Terminated(await self._save_on_termination(progress))
-            if self._failed_any and self._trained_groups == 0:
-                raise EpisodesFailed(f"{EPISODES_FAILED_PREFIX} the run trained nothing in "
-                                     f"{grpo.max_steps} steps: {self._last_failure}")
-            progress.succeeded(self.state.step, grpo.max_steps)
+                    raise Terminated()
+                if self._failed_any and self._trained_groups == 0:
+                    raise EpisodesFailed(f"{EPISODES_FAILED_PREFIX} the run trained nothing in "
+                                         f"{grpo.max_steps} steps: {self._last_failure}")
+                progress.succeeded(self.state.step, grpo.max_steps)
+            except Terminated:  # from a wait in TRL's thread, or after the step it finished
+                raise Terminated(await self._save_on_termination(progress)) from None
+
+    async def _train(self, rows: list[str], steps: int) -> None:
+        """TRL's training loop, in a thread: this one's event loop serves the workers."""
+        with tempfile.TemporaryDirectory(prefix="trl-") as scratch:
+            trainer = GRPOTrainer(
+                model=self.policy.model, reward_funcs=[episode_reward],
+                args=GRPOConfig(**grpo_arguments(self.config.spec, steps, scratch,
+                                                 cpu=self.device.type == "cpu")),
+                train_dataset=Dataset.from_dict({"prompt": rows}),
+                processing_class=hf_tokenizer(self.policy.tokenizer),
+                rollout_func=self._rollout, callbacks=[_Reports(self)],
+                optimizers=(self.optimizer, None),
+            )
+            trainer.remove_callback(PrinterCallback)  # report() logs each step
+            try:
+                await asyncio.to_thread(trainer.train)
+            finally:
+                self._pause.close()
 
     def _await(self, work: Awaitable[T]) -> T:
         """From TRL's thread: `work` on the run's event loop, unless SIGTERM comes first."""
