@@ -83,7 +83,8 @@ def installed_extras(name: str) -> set[str]:
     runs = [ins.args for ins in final_stage(parse(IMAGES / name / "Dockerfile"))
             if ins.keyword == "RUN" and "pip install" in ins.args]
     assert runs, f"images/{name}/Dockerfile installs nothing"
-    return {extra for args in runs for extra in re.findall(r"\.whl\)?\[([\w,-]+)\]", args)}
+    return {extra for args in runs for extras in re.findall(r"\.whl\)?\[([\w,-]+)\]", args)
+            for extra in extras.split(",")}
 
 
 def import_target(target: str) -> None:
@@ -202,8 +203,9 @@ def test_runs_as_numeric_non_root_user(name: str) -> None:
     assert not gid or gid.isdigit(), user
 
 
-# One extra per image: what its own commands need (tests/images/test_image_contents.py).
-EXTRAS = {"operator": {"operator"}, "worker": {"worker"}, "trainer": {"trainer"}}
+# One extra per image: what its own commands need (tests/images/test_image_contents.py); the
+# trainer's adds TRL, for spec.trainer.engine trl.
+EXTRAS = {"operator": {"operator"}, "worker": {"worker"}, "trainer": {"trainer", "trl"}}
 
 
 @pytest.mark.parametrize("name", NAMES)
