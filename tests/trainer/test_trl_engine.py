@@ -100,7 +100,7 @@ def test_the_character_tokenizer_decodes_for_trl_as_it_does_for_the_workers() ->
     chars = CharChatTokenizer()
     hf = hf_tokenizer(chars)
     ids = chars.encode("move e2e4\n")
-    assert hf.batch_decode([ids + [chars.end_token_id]], skip_special_tokens=True) == \
+    assert hf.batch_decode([[*ids, chars.end_token_id]], skip_special_tokens=True) == \
         [chars.decode(ids)]
     assert (hf.pad_token_id, hf.eos_token_id) == (chars.pad_token_id, chars.end_token_id)
 
