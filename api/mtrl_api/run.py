@@ -593,6 +593,17 @@ class DatasetSpec(ApiModel):
     tasks. validationSuccessRate is pass@1 over all n plays. Default [1]: each task played once."""
 
 
+class MlflowSpec(ApiModel):
+    tracking_uri: Annotated[str, Field(min_length=1, max_length=2048,
+                                       pattern=r"^(https?://[^\s]+|arn:aws[a-z-]*:sagemaker:\S+)$")]
+    """MLflow tracking server the trainer logs to: http(s)://host[:port][/path], or a SageMaker
+    managed MLflow tracking server's ARN (arn:aws:sagemaker:<region>:<account>:
+    mlflow-tracking-server/<name>, which needs the sagemaker-mlflow plug-in in the trainer
+    image and mlflow permissions for the trainer's ServiceAccount)."""
+    experiment_name: Annotated[str, Field(min_length=1, max_length=500)] | None = None
+    """Experiment the run is logged to, created if missing. Default: the run's namespace."""
+
+
 class OutputSpec(ApiModel):
     s3_uri: S3Uri
     """s3:// prefix for adapters, checkpoints and metrics, kept after the run ends. Each run
@@ -607,6 +618,10 @@ class OutputSpec(ApiModel):
     """Write a checkpoint (adapter, optimizer, step, RNG) every N steps. Default 10."""
     keep_checkpoints: int = Field(3, ge=1, le=1000)
     """Most recent checkpoints kept; older ones are deleted. Default 3."""
+    mlflow: MlflowSpec | None = None
+    """Also log the run to MLflow, with either engine: one MLflow run per MultiTurnRLRun
+    (tagged with its UID, continued by later attempts), the run's name, UID and spec as params,
+    every step's figures (those of metrics.jsonl) as metrics. Unset: no MLflow."""
 
     def run_uri(self, namespace: str, name: str, uid: str) -> str:
         """Where one run writes: a folder of its own under s3Uri."""

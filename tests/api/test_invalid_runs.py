@@ -164,6 +164,10 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
      "spec.grpo.rolloutCorrection.mode"),
     ("trl-turn-advantages", {"trainer": {"engine": "trl"}, "grpo": {"advantageLevel": "turn"}},
      "spec.grpo.advantageLevel"),
+    ("mlflow-file-store", {"output": {"mlflow": {"trackingUri": "file:///tmp/mlruns"}}},
+     "spec.output.mlflow.trackingUri"),
+    ("mlflow-without-uri", {"output": {"mlflow": {"experimentName": "rl"}}},
+     "spec.output.mlflow.trackingUri"),
     ("kubernetes-settings-with-ecs-backend", {"workers": {
         "backend": "ecs-fargate", "cpu": 256, "memory": 512,
         "kubernetes": {"serviceAccountName": "rl-worker"}}}, "spec.workers.kubernetes"),
@@ -201,6 +205,10 @@ VALID: list[tuple[str, dict[str, Any]]] = [
                     "dataset": {"evalPassAtK": [1, 8, 64]}}),
     ("trl-engine", {"trainer": {"engine": "trl"}, "grpo": {"lossType": "dr_grpo",
                                                             "scaleRewards": "batch"}}),
+    ("mlflow-server", {"output": {"mlflow": {"trackingUri": "https://mlflow.internal:5000/",
+                                             "experimentName": "wordle agents"}}}),
+    ("mlflow-sagemaker", {"output": {"mlflow": {"trackingUri": "arn:aws:sagemaker:us-west-2:"
+                                                "123456789012:mlflow-tracking-server/rl"}}}),
     ("s3", {"output": {"s3Uri": "s3://my.outputs-1"},
             "dataset": {"inline": DELETE, "s3": {"trainUri": "s3://abc/tasks/train.jsonl",
                                                  "validationUri": "s3://abc/v.jsonl"}}}),

@@ -515,6 +515,19 @@ class Run:
         sinks: list[ProgressSink] = [MetricsHistory(self.config.output_uri, self.state.step)]
         if self.config.progress_file is not None:
             sinks.append(FileSink(self.config.progress_file))
+        mlflow = self.config.spec.output.mlflow
+        if mlflow is not None:
+            from mtrl_trainer.tracking import MlflowSink
+
+            try:
+                sinks.append(MlflowSink(
+                    mlflow, uid=self.config.run_id, name=self.config.run_name,
+                    namespace=self.config.namespace or "default",
+                    run_spec=self.config.spec.model_dump(by_alias=True, mode="json",
+                                                         exclude_none=True)))
+            except Exception:
+                log.warning("MLflow at %s is out of reach: the run is not logged there",
+                            mlflow.tracking_uri, exc_info=True)
         if self.config.progress_config_map and self.config.namespace:
             try:
                 sinks.append(ConfigMapSink(self.config.progress_config_map, self.config.namespace))
