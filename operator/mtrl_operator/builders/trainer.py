@@ -45,9 +45,10 @@ ELASTIC_AGENT_LOG_DIR = "/tmp/hyperpod"  # workers' logs, which the agent's log 
 # itself as the first step of a run's teardown; this is the margin it has to do so.
 HYPERPOD_TTL_SECONDS = 3600
 RESTART_EVAL_PERIOD_SECONDS = 86400  # HyperPod counts restarts within this window
-# The line the trainer logs after every optimizer step, on every rank (trainer/mtrl_trainer/
-# loop.py): HyperPod's log monitoring calls a job that prints none for a while hung.
-STEP_LOG_PATTERN = r".*mtrl_trainer\.loop: step (\d+)/\d+ .*"
+# The line a trainer logs after every optimizer step, on every rank ("step N/M ...", both
+# engines: trainer/mtrl_trainer/loop.py, trl_engine.py; docs/trainer-contract.md): HyperPod's
+# log monitoring calls a job that prints none for a while hung.
+STEP_LOG_PATTERN = r".*\bstep (\d+)/\d+\b.*"
 
 
 def config_map(names: RunNames, spec: MultiTurnRLRunSpec, owner: dict[str, Any]) -> dict[str, Any]:

@@ -109,14 +109,17 @@ def _source_strings(path: str, pattern: str) -> list[str]:
 def test_the_step_pattern_matches_every_ranks_step_line() -> None:
     """The trainer's log format and step messages (these read from its source), formatted as
     its logging prints them: every rank's line must match HyperPod's rule."""
-    messages = _source_strings("trainer/mtrl_trainer/loop.py", r'log\.info\("(step %d/%d[^"]*)"')
-    assert len(messages) == 2, messages  # the leader's and the followers'
+    messages = [(module, message) for module in ("loop", "trl_engine") for message in
+                _source_strings(f"trainer/mtrl_trainer/{module}.py",
+                                r'log\.info\("(step %d/%d[^"]*)"')]
+    # the reference trainer's leader and followers, TRL's engine
+    assert [module for module, _ in messages] == ["loop", "loop", "trl_engine"], messages
     formatter = logging.Formatter(logs.FORMAT)
-    for message in messages:
+    for module, message in messages:
         args = tuple(1.5 if spec_ == "%.4f" or spec_ == "%.1f" else 3 if spec_ == "%d" else "x"
                      for spec_ in re.findall(r"%[.\d]*[dfs]", message))
-        record = logging.LogRecord("mtrl_trainer.loop", logging.INFO, "loop.py", 1, message,
-                                   args, None)
+        record = logging.LogRecord(f"mtrl_trainer.{module}", logging.INFO, f"{module}.py", 1,
+                                   message, args, None)
         line = formatter.format(record)
         match = re.fullmatch(STEP_LOG_PATTERN, line)
         assert match and match.group(1) == "3", line
