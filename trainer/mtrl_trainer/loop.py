@@ -332,8 +332,7 @@ class Run:
                                 "s", later,
                                 tasks.for_step(later, grpo.prompts_per_step, grpo.seed),
                                 grpo.group_size, self.state.step)
-                    await self._step(step, ahead.pop(step), tasks, orchestrator, self.service,
-                                     progress)
+                    await self._step(step, ahead.pop(step), tasks, orchestrator, progress)
                     if self._terminated.is_set():
                         raise Terminated()
                 if self._failed_any and self.optimizer_steps == 0:
@@ -380,7 +379,7 @@ class Run:
 
     async def _step(
         self, step: int, pending: Pending, tasks: Tasks, orchestrator: Orchestrator,
-        service: GenerationService, progress: Progress,
+        progress: Progress,
     ) -> None:
         spec, grpo = self.config.spec, self.config.spec.grpo
         version = self.state.step
@@ -405,12 +404,11 @@ class Run:
                 passes = validation_pass_at_k(played.results, ks)
         rewards = [r.aggregate_reward_score for r in rollouts.results]
         reward_mean, reward_std = mean_std(rewards)
-        now, tokens, decoding = time.monotonic(), service.tokens, service.decode_seconds
-        step_s, tokens_sampled, decode_s = (now - self._reported_at, tokens - self._tokens_at,
-                                            decoding - self._decoding_at)
-        self._reported_at, self._tokens_at, self._decoding_at = now, tokens, decoding
+        step_s, tokens_sampled, decode_s = self._since_last_report()
         training = {
+            "engine": "mtrl",
             "stepSeconds": round(step_s, 3),
+            "completionTokens": tokens_sampled,
             "trainedPolicyVersion": version,
             "oldestPolicyVersion": rollouts.oldest_policy_version,
             "staleSamples": rollouts.counts.stale,
@@ -458,6 +456,15 @@ class Run:
                 f"{EPISODES_FAILED_PREFIX} {self._failing_steps} steps in a row lost more than "
                 f"spec.rollout.maxFailedEpisodeFraction {spec.rollout.max_failed_episode_fraction:g}"
                 f" of their episodes; {self._last_failure}")
+
+    def _since_last_report(self) -> tuple[float, int, float]:
+        """Since the previous step's report: wall seconds, completion tokens sampled for the
+        workers, seconds spent decoding them (time sampling ahead counts too)."""
+        now, tokens, decoding = (time.monotonic(), self.service.tokens,
+                                 self.service.decode_seconds)
+        since = (now - self._reported_at, tokens - self._tokens_at, decoding - self._decoding_at)
+        self._reported_at, self._tokens_at, self._decoding_at = now, tokens, decoding
+        return since
 
     async def _checkpoint(self, progress: Progress) -> None:
         self.state.optimizer = self.optimizer.state_dict()

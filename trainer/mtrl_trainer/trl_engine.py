@@ -46,6 +46,7 @@ from mtrl_trainer.orchestration import Pending, Rollouts
 from mtrl_trainer.progress import ProgressReport
 from mtrl_trainer.stats import components, mean_std, success_rate, validation_pass_at_k
 from mtrl_trainer.tokenizer import CharChatTokenizer, HFChatTokenizer
+from mtrl_trainer.update import MAX_GRAD_NORM
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -124,7 +125,7 @@ def grpo_arguments(spec: Any, steps: int, output_dir: str, *, cpu: bool) -> dict
         per_device_train_batch_size=completions // grpo.gradient_accumulation_steps,
         gradient_accumulation_steps=grpo.gradient_accumulation_steps,
         learning_rate=grpo.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=0.0, max_grad_norm=1.0,
+        weight_decay=0.0, max_grad_norm=MAX_GRAD_NORM,
         beta=grpo.kl_beta, epsilon=grpo.epsilon, epsilon_high=grpo.epsilon_high,
         loss_type=grpo.loss_type, scale_rewards=grpo.scale_rewards,
         temperature=grpo.temperature, top_p=grpo.top_p,
@@ -265,6 +266,7 @@ class TrlRun(Run):
         once SIGTERM asks to stop."""
         spec, grpo = self.config.spec, self.config.spec.grpo
         rollouts, seconds = self._played
+        step_s, tokens_sampled, decode_s = self._since_last_report()
         self.state.step += 1
         step = self.state.step
         self._sample_again()  # validation plays with the new weights
@@ -296,11 +298,13 @@ class TrlRun(Run):
             reward_std=reward_std, success_rate=success_rate(rollouts.results),
             zero_variance_fraction=sum(flat) / len(flat) if flat else None,
             validation_success_rate=validation, validation_pass_at_k=passes,
-            tokens_per_second=None, components=components(rollouts.results),
+            tokens_per_second=tokens_sampled / decode_s if decode_s else None,
+            components=components(rollouts.results),
             policy_version=step, failed_episode_fraction=failed,
             episode_error=most_frequent(rollouts.errors),
-            training={"engine": "trl", "rolloutSeconds": round(seconds, 3),
-                      "failedEpisodes": rollouts.counts.failed,
+            training={"engine": "trl", "stepSeconds": round(step_s, 3),
+                      "completionTokens": tokens_sampled, "rolloutSeconds": round(seconds, 3),
+                      "decodeSeconds": round(decode_s, 3), "failedEpisodes": rollouts.counts.failed,
                       **{f"trl/{k}": v for k, v in logs.items()}},
         ))
         if (step % spec.output.checkpoint_interval_steps == 0 or step == grpo.max_steps
