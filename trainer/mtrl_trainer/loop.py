@@ -381,7 +381,7 @@ class Run:
         self, step: int, pending: Pending, tasks: Tasks, orchestrator: Orchestrator,
         progress: Progress,
     ) -> None:
-        spec, grpo = self.config.spec, self.config.spec.grpo
+        grpo = self.config.spec.grpo
         version = self.state.step
         rollouts, rounds, groups = await self._interruptible(
             self._sample(step, pending, tasks, orchestrator))
@@ -392,16 +392,7 @@ class Run:
         stats = await asyncio.to_thread(self._update, rows, step + 1)
         update_s = time.monotonic() - update_started
         self.state.step = step + 1
-        validation, passes = None, {}
-        interval = spec.dataset.eval_interval_steps
-        if tasks.validation and interval and (self.state.step % interval == 0
-                                              or self.state.step == grpo.max_steps):
-            ks = spec.dataset.eval_pass_at_k
-            with contextlib.suppress(Terminated):  # the step trained: report and save it
-                played = await self._interruptible(orchestrator.play(
-                    "v", step, tasks.validation, max(ks), self.state.step))
-                validation = success_rate(played.results)
-                passes = validation_pass_at_k(played.results, ks)
+        validation, passes = await self._validate_if_due(tasks, orchestrator)
         rewards = [r.aggregate_reward_score for r in rollouts.results]
         reward_mean, reward_std = mean_std(rewards)
         step_s, tokens_sampled, decode_s = self._since_last_report()
@@ -448,8 +439,31 @@ class Run:
             training=training, failed_episode_fraction=failed,
             episode_error=most_frequent(rollouts.errors),
         ))
+        await self._close_step(progress)
+
+    async def _validate_if_due(self, tasks: Tasks, orchestrator: Orchestrator
+                               ) -> tuple[float | None, dict[int, float]]:
+        """After step `state.step`: the validation split played, every evalIntervalSteps and at
+        the end (success rate and pass@k); SIGTERM meanwhile skips it, since the step trained
+        and is reported and saved."""
+        spec, step = self.config.spec, self.state.step
+        interval = spec.dataset.eval_interval_steps
+        if not (tasks.validation and interval and (step % interval == 0
+                                                   or step == spec.grpo.max_steps)):
+            return None, {}
+        ks = spec.dataset.eval_pass_at_k
+        with contextlib.suppress(Terminated):
+            played = await self._interruptible(orchestrator.play(
+                "v", step - 1, tasks.validation, max(ks), step))
+            return success_rate(played.results), validation_pass_at_k(played.results, ks)
+        return None, {}
+
+    async def _close_step(self, progress: Progress) -> None:
+        """After a step's report: its checkpoint when due (or SIGTERM came), then the end of the
+        run if its episodes kept failing."""
+        spec = self.config.spec
         if (self.state.step % spec.output.checkpoint_interval_steps == 0
-                or self.state.step == grpo.max_steps or self._terminated.is_set()):
+                or self.state.step == spec.grpo.max_steps or self._terminated.is_set()):
             await self._checkpoint(progress)
         if self._failing_steps >= spec.rollout.max_failing_steps:
             raise EpisodesFailed(

@@ -28,7 +28,7 @@ import os
 import tempfile
 import time
 import warnings
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,7 +44,7 @@ from mtrl_trainer.dataset import Task, load_tasks
 from mtrl_trainer.loop import EpisodesFailed, Run, Terminated, most_frequent
 from mtrl_trainer.orchestration import Pending, Rollouts
 from mtrl_trainer.progress import ProgressReport
-from mtrl_trainer.stats import components, mean_std, success_rate, validation_pass_at_k
+from mtrl_trainer.stats import components, mean_std, success_rate
 from mtrl_trainer.tokenizer import CharChatTokenizer, HFChatTokenizer
 from mtrl_trainer.update import MAX_GRAD_NORM
 
@@ -234,9 +234,13 @@ class TrlRun(Run):
             finally:
                 self._pause.close()
 
+    def _on_loop(self, work: Coroutine[Any, Any, T]) -> T:
+        """From TRL's thread: `work` on the run's event loop, and its result."""
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result()
+
     def _await(self, work: Awaitable[T]) -> T:
         """From TRL's thread: `work` on the run's event loop, unless SIGTERM comes first."""
-        return asyncio.run_coroutine_threadsafe(self._interruptible(work), self._loop).result()
+        return self._on_loop(self._interruptible(work))
 
     def _sample_again(self) -> None:
         """The update is done: the policy server samples with its weights."""
@@ -264,7 +268,7 @@ class TrlRun(Run):
     def report(self, logs: dict[str, float]) -> bool:
         """After each optimizer step (TRL's log of it): progress, validation, checkpoint; True
         once SIGTERM asks to stop."""
-        spec, grpo = self.config.spec, self.config.spec.grpo
+        grpo = self.config.spec.grpo
         rollouts, seconds = self._played
         step_s, tokens_sampled, decode_s = self._since_last_report()
         self.state.step += 1
@@ -275,16 +279,8 @@ class TrlRun(Run):
         reward_mean, reward_std = mean_std(rewards)
         flat = [len({r.aggregate_reward_score for r in g}) == 1 for g in rollouts.groups]
         self._trained_groups += flat.count(False)
-        validation, passes = None, {}
-        interval = spec.dataset.eval_interval_steps
-        if self._tasks.validation and interval and (step % interval == 0
-                                                    or step == grpo.max_steps):
-            ks = spec.dataset.eval_pass_at_k
-            with contextlib.suppress(Terminated):
-                played = self._await(self._orchestrator.play(
-                    "v", step - 1, self._tasks.validation, max(ks), step))
-                validation = success_rate(played.results)
-                passes = validation_pass_at_k(played.results, ks)
+        validation, passes = self._on_loop(self._validate_if_due(self._tasks,
+                                                                self._orchestrator))
         self.state.history.append({
             "step": step, "attempt": self.config.attempt, "policyVersion": step - 1,
             "rewardMean": reward_mean, "updated": True, "loss": logs.get("loss"),
@@ -307,18 +303,8 @@ class TrlRun(Run):
                       "decodeSeconds": round(decode_s, 3), "failedEpisodes": rollouts.counts.failed,
                       **{f"trl/{k}": v for k, v in logs.items()}},
         ))
-        if (step % spec.output.checkpoint_interval_steps == 0 or step == grpo.max_steps
-                or self._terminated.is_set()):
-            self._await_checkpoint()
-        if self._failing_steps >= spec.rollout.max_failing_steps:
-            raise EpisodesFailed(
-                f"{EPISODES_FAILED_PREFIX} {self._failing_steps} steps in a row lost more than "
-                f"spec.rollout.maxFailedEpisodeFraction {spec.rollout.max_failed_episode_fraction:g}"
-                f" of their episodes; {self._last_failure}")
+        self._on_loop(self._close_step(self._progress))
         return self._terminated.is_set()
-
-    def _await_checkpoint(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._checkpoint(self._progress), self._loop).result()
 
 
 class _Reports(TrainerCallback):  # type: ignore[misc]
