@@ -191,16 +191,20 @@ class Aws:
         return resp["Attributes"]["QueueArn"]
 
     async def ensure_queues(self, names: RunNames, dlq_req: QueueRequest, work_req: Any,
-                            existing: dict[str, str]) -> None:
+                            existing: dict[str, str]) -> dict[str, str]:
         """Create the dead-letter queue, then the work queues that redrive into it, except
         those in `existing` (`queues()`, just read). `work_req(role, dlq_arn)` builds each work
         queue's request. CreateQueue with the same name and attributes returns the existing
-        queue, so this is safe to repeat."""
-        dlq_url = existing.get(DLQ) or await self._create_queue(dlq_req)
-        dlq_arn = await self.queue_arn(dlq_url)
+        queue, so this is safe to repeat. Returns role -> URL of all of them, from CreateQueue's
+        own answers: SQS asks to wait a second before a new queue is used, and a ListQueues
+        that soon may not list it yet."""
+        urls = dict(existing)
+        urls[DLQ] = existing.get(DLQ) or await self._create_queue(dlq_req)
+        dlq_arn = await self.queue_arn(urls[DLQ])
         for role in WORK_QUEUES:
             if role not in existing:
-                await self._create_queue(work_req(role, dlq_arn))
+                urls[role] = await self._create_queue(work_req(role, dlq_arn))
+        return urls
 
     async def delete_queues(self, names: RunNames) -> int:
         """Delete every queue under the run's prefix, workers' reply queues included."""

@@ -294,8 +294,10 @@ class Controller:
         decision = decide(obs)
         await self._publish(body, decision)
         try:
-            placement = await self.actions.run(body, names, spec, obs, decision)
-            if placement is not None:
+            done = await self.actions.run(body, names, spec, obs, decision)
+            if done.queues is not None:  # the next reconcile need not list what was just made
+                self.queue_urls[names.uid] = (time.monotonic(), done.queues)
+            if (placement := done.placement) is not None:
                 # What RunTask answered is news for the status (a shortfall, its backoff):
                 # the same decision again, knowing it and from the status just written (what
                 # that decision announced is not news twice); its actions were just done.

@@ -10,6 +10,7 @@ reply queues and a revision registered since the observation included.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from mtrl_api.run import MultiTurnRLRunSpec, WorkerBackend
@@ -43,6 +44,14 @@ TEARDOWN_EVENTS = {Act.DELETE_TRAINER: "TrainerDeleted", Act.DELETE_WORKERS: "Wo
                    Act.DELETE_QUEUES: "QueuesDeleted", Act.DELETE_LOGS: "LogsDeleted"}
 
 
+@dataclass
+class Done:
+    """What the actions learned that the next reconcile would otherwise look up again."""
+
+    placement: Placement | None = None  # what RunTask answered, if it was called
+    queues: dict[str, str] | None = None  # role -> URL of the queues EnsureQueues made
+
+
 class RunActions:
     def __init__(self, settings: Settings, kube: Kube, aws: Aws) -> None:
         self.settings = settings
@@ -61,22 +70,22 @@ class RunActions:
                 else self.settings.ecs_cluster)
 
     async def run(self, body: dict[str, Any], names: RunNames, spec: MultiTurnRLRunSpec | None,
-                  obs: Observed, decision: Decision) -> Placement | None:
-        """The decision's actions, in their order; what RunTask answered, if it was called
-        (the decision is taken again with it: a shortfall is news for the run's status)."""
-        placement = None
+                  obs: Observed, decision: Decision) -> Done:
+        """The decision's actions, in their order; what RunTask answered (the decision is
+        taken again with it: a shortfall is news for the run's status) and the queues made."""
+        done = Done()
         for action in decision.actions:
             log.info("%s/%s: %s", names.namespace, names.name, action.value,
                      extra={"run": f"{names.namespace}/{names.name}"})
             if action == Act.ENSURE_QUEUES:
                 assert spec is not None
-                await self.aws.ensure_queues(
+                done.queues = await self.aws.ensure_queues(
                     names, queue_builders.dead_letter_queue(names, spec.queues),
                     lambda role, arn: queue_builders.work_queue(names, spec.queues, role, arn),
                     existing=_queue_urls(obs))
             elif action == Act.ENSURE_WORKERS:
                 assert spec is not None
-                placement = await self._ensure_workers(body, names, spec, obs)
+                done.placement = await self._ensure_workers(body, names, spec, obs)
             elif action == Act.ENSURE_TRAINER:
                 assert spec is not None
                 await self._ensure_trainer(body, names, spec, obs, decision.attempt)
@@ -98,7 +107,7 @@ class RunActions:
                 await self.kube.delete("MultiTurnRLRun", names.name, names.namespace)
             elif action == Act.REMOVE_FINALIZER:
                 await self.remove_finalizer(body)
-        return placement
+        return done
 
     async def _ensure_workers(self, body: dict[str, Any], names: RunNames,
                               spec: MultiTurnRLRunSpec, obs: Observed) -> Placement | None:
