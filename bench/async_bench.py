@@ -8,7 +8,8 @@ random Qwen2-shaped policy with LoRA) and one `python -m mtrl_worker` playing th
 moto server. Every mode trains the same number of steps, so the same number of samples. Each
 latency gets a table of its own.
 
-Reported per mode, from the run's own metrics.jsonl (stepSeconds, updateSeconds, decodeSeconds):
+Reported per mode, from the run's own metrics.jsonl (stepSeconds, updateSeconds, decodeSeconds,
+rolloutSeconds):
 - wall seconds per step (mean and median over steps 2..N: step 1 also fills the pipeline) and
   steps per hour, with the ratio to the synchronous run;
 - the fraction of wall time the trainer is busy: updating, or generating (the model is locked
@@ -17,6 +18,11 @@ Reported per mode, from the run's own metrics.jsonl (stepSeconds, updateSeconds,
   gains, printed under the table (more episodes at once also batch better, so a bound can beat
   it a little). On this CPU the policy's own sampling is a large share of a step, where a GPU
   samples this tiny model in milliseconds;
+- the trainer's idle seconds per step, and the episodes' critical path: from publishing a
+  step's requests to its last result, over the steps whose trainer waited for them (the last
+  result came during the wait). A step's requests go out maxStepsOffPolicy steps ahead, so
+  with k steps of play ahead k+1 steps must hold an episode's whole critical path (every turn
+  sampled, then answered by the environment) and the update;
 - the mean reward of the first and the last two steps, and the policy lag actually trained on.
 
     python bench/async_bench.py [--steps 20] [--turns 4] [--latency-ms 200 1000]
@@ -36,6 +42,7 @@ from mtrl_testbed.moto import aws_endpoint
 from mtrl_trainer.tokenizer import CharChatTokenizer
 
 GROUP, PROMPTS = 8, 4
+WAITED_S = 0.1  # a step whose gather took longer waited for its episodes
 
 
 def spec(args: argparse.Namespace, bound: int) -> dict[str, Any]:
@@ -70,6 +77,12 @@ def summary(metrics: list[dict[str, Any]]) -> dict[str, float]:
         "median_s": statistics.median(m["stepSeconds"] for m in steady),
         "busy": sum(m["updateSeconds"] + m["decodeSeconds"] for m in steady) / wall,
         "updating": sum(m["updateSeconds"] for m in steady) / wall,
+        # From publishing a step's requests to its last result: the episodes' critical path
+        # (turns one after another, each an environment reply and a sampled turn). Known only
+        # for steps whose trainer waited for results (then the last arrived during the wait);
+        # a step that found them all there has its floor in the trainer's own work.
+        "episodes_s": statistics.mean([m["rolloutSeconds"] for m in steady
+                                       if m["rolloutWaitSeconds"] > WAITED_S] or [0.0]),
         "first": (rewards[0] + rewards[1]) / 2,
         "last": (rewards[-2] + rewards[-1]) / 2,
         "lag": max(m["trainedPolicyVersion"] - m["oldestPolicyVersion"] for m in metrics),
@@ -92,17 +105,21 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
           f"({args.steps * PROMPTS * GROUP} samples) per mode; a tiny random policy on CPU, one "
           "worker process, moto on loopback\n")
     print("| maxStepsOffPolicy | s/step (mean) | s/step (median) | steps/hour | vs sync | "
-          "trainer busy | updating | reward first 2 -> last 2 steps | max lag trained | stale |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "trainer busy | updating | idle (s/step) | episodes: publish -> last result, steps "
+          "that waited (s) | reward first 2 -> last 2 steps | max lag trained | stale |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for bound, r in results.items():
         print(f"| {bound} | {r['mean_s']:.2f} | {r['median_s']:.2f} | {3600 / r['mean_s']:,.0f} "
               f"| {base['mean_s'] / r['mean_s']:.2f}x | {r['busy']:.0%} | {r['updating']:.0%} "
+              f"| {r['mean_s'] * (1 - r['busy']):.2f} | {r['episodes_s']:.2f} "
               f"| {r['first']:.3f} -> {r['last']:.3f} | {r['lag']} | {r['stale']} |")
     print(f"\n> At {latency_ms} ms the synchronous trainer is busy {base['busy']:.0%} of a step "
           f"(sampling or updating): hiding all environment time at its sampling speed would "
           f"give about {1 / base['busy']:.2f}x (more episodes at once also batch better). Busy "
           "= updating or sampling (one holds the model at a time), steps 2..N; the last "
-          "maxStepsOffPolicy steps have nothing left to play ahead.")
+          "maxStepsOffPolicy steps have nothing left to play ahead. Idle: neither sampling nor "
+          "updating. A step's requests go out maxStepsOffPolicy steps before it gathers them: "
+          "their last result ends that many steps plus the wait.")
 
 
 if __name__ == "__main__":
