@@ -68,7 +68,7 @@ def run(args: argparse.Namespace, bound: int, latency_ms: int,
                  environment_args={"turns": args.turns, "latency_ms": latency_ms})
 
 
-def summary(metrics: list[dict[str, Any]]) -> dict[str, float]:
+def summary(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     steady = metrics[1:]
     wall = sum(m["stepSeconds"] for m in steady)
     rewards = [m["rewardMean"] for m in metrics]
@@ -81,8 +81,8 @@ def summary(metrics: list[dict[str, Any]]) -> dict[str, float]:
         # (turns one after another, each an environment reply and a sampled turn). Known only
         # for steps whose trainer waited for results (then the last arrived during the wait);
         # a step that found them all there has its floor in the trainer's own work.
-        "episodes_s": statistics.mean([m["rolloutSeconds"] for m in steady
-                                       if m["rolloutWaitSeconds"] > WAITED_S] or [0.0]),
+        "episodes_s": statistics.mean(waited) if (waited := [
+            m["rolloutSeconds"] for m in steady if m["rolloutWaitSeconds"] > WAITED_S]) else None,
         "first": (rewards[0] + rewards[1]) / 2,
         "last": (rewards[-2] + rewards[-1]) / 2,
         "lag": max(m["trainedPolicyVersion"] - m["oldestPolicyVersion"] for m in metrics),
@@ -98,7 +98,7 @@ def main(args: argparse.Namespace) -> None:
             table(args, latency_ms, results)
 
 
-def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str, float]]) -> None:
+def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str, Any]]) -> None:
     base = results[args.bounds[0]]
     print(f"\n> `target` environment, {args.turns} turns, {latency_ms} ms environment latency "
           f"per turn, {PROMPTS} prompts x {GROUP} episodes per step, {args.steps} steps "
@@ -111,7 +111,8 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
     for bound, r in results.items():
         print(f"| {bound} | {r['mean_s']:.2f} | {r['median_s']:.2f} | {3600 / r['mean_s']:,.0f} "
               f"| {base['mean_s'] / r['mean_s']:.2f}x | {r['busy']:.0%} | {r['updating']:.0%} "
-              f"| {r['mean_s'] * (1 - r['busy']):.2f} | {r['episodes_s']:.2f} "
+              f"| {r['mean_s'] * (1 - r['busy']):.2f} "
+              f"| {'-' if r['episodes_s'] is None else format(r['episodes_s'], '.2f')} "
               f"| {r['first']:.3f} -> {r['last']:.3f} | {r['lag']} | {r['stale']} |")
     print(f"\n> At {latency_ms} ms the synchronous trainer is busy {base['busy']:.0%} of a step "
           f"(sampling or updating): hiding all environment time at its sampling speed would "
