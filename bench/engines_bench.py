@@ -8,7 +8,7 @@ reward of each step, and held-out success before the first step (`evalOnStart`) 
 last. `--model smollm2` (default) is SmolLM2-135M-Instruct playing `guess`, as the learning
 benchmark; `--model tiny` a random tiny model on the `target` task, which takes minutes.
 
-    python bench/engines_bench.py [--model smollm2|tiny] [--steps 4]
+    python bench/engines_bench.py [--model smollm2|tiny] [--steps 4] [--runs sync ahead2 trl]
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from learning_bench import MODEL
 from mtrl_testbed.moto import aws_endpoint
 from mtrl_trainer.tokenizer import CharChatTokenizer
 
-RUNS = {  # label -> (engine, grpo overrides)
-    "mtrl, synchronous": ("mtrl", {}),
-    "mtrl, maxStepsOffPolicy 2": ("mtrl", {"maxStepsOffPolicy": 2}),
-    "trl (GRPOTrainer)": ("trl", {}),
+RUNS = {  # --runs key -> (label, engine, grpo overrides)
+    "sync": ("mtrl, synchronous", "mtrl", {}),
+    "ahead2": ("mtrl, maxStepsOffPolicy 2", "mtrl", {"maxStepsOffPolicy": 2}),
+    "trl": ("trl (GRPOTrainer)", "trl", {}),
 }
 
 
@@ -41,7 +41,7 @@ def spec(args: argparse.Namespace, engine: str, grpo: dict[str, Any]) -> dict[st
         return {
             "model": {"name": "random:tiny-qwen2", "dtype": "float32", "maxSequenceLength": 256,
                       "lora": {"rank": 8, "alpha": 16, "dropout": 0.0}},
-            "trainer": {"engine": engine},
+            "trainer": {"engine": engine, "gpusPerNode": 0},
             "grpo": common_grpo | {"learningRate": 0.02, "maxNewTokens": 12},
             "rollout": {"environment": "target", "maxTurns": 1, "episodeTimeoutSeconds": 120},
             "dataset": {"inline": {"train": [target] * 4, "validation": [target] * 4},
@@ -51,7 +51,7 @@ def spec(args: argparse.Namespace, engine: str, grpo: dict[str, Any]) -> dict[st
     return {
         "model": {"name": MODEL, "dtype": "float32", "maxSequenceLength": 1024,
                   "lora": {"rank": 16, "alpha": 32, "dropout": 0.0}},
-        "trainer": {"engine": engine},
+        "trainer": {"engine": engine, "gpusPerNode": 0},
         "grpo": common_grpo | {"learningRate": 3e-4, "maxNewTokens": 16,
                                "gradientAccumulationSteps": 8},
         "rollout": {"environment": "guess", "environmentArgs": {"max_guesses": "6"},
@@ -83,9 +83,11 @@ def summary(metrics: list[dict[str, Any]], minutes: float) -> dict[str, Any]:
 def main(args: argparse.Namespace) -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="engines-bench-") as tmp:
-        for label, (engine, grpo) in RUNS.items():
+        logs = Path(args.logs or tmp)
+        for key in args.runs:
+            label, engine, grpo = RUNS[key]
             started = time.monotonic()
-            metrics = train(spec(args, engine, grpo), Path(tmp), engine,
+            metrics = train(spec(args, engine, grpo), logs, engine,
                             timeout_s=args.timeout_s, worker_concurrency=8 * args.prompts)
             results[label] = summary(metrics, (time.monotonic() - started) / 60)
             print(f"{label}: {results[label]}", flush=True)
@@ -93,7 +95,7 @@ def main(args: argparse.Namespace) -> None:
             f"micro-batches, {args.validation} held-out games" if args.model == "smollm2" else
             "a random tiny Qwen2 on the `target` task, LoRA r8, lr 0.02, 4 held-out prompts")
     print(f"\n> {what}; {args.prompts} prompts x 8 per step, {args.steps} steps, seed 0; one "
-          "worker, moto on loopback; the three runs one after the other\n")
+          f"worker, moto on loopback; runs {', '.join(args.runs)}, one after the other\n")
     print("| engine | steps/hour | completion tok/s (end to end) | decode tok/s | reward by step "
           "| held-out success before -> after | minutes |")
     print("|---|---|---|---|---|---|---|")
@@ -111,6 +113,9 @@ if __name__ == "__main__":
     parser.add_argument("--prompts", type=int, default=4, help="prompts (games) per step")
     parser.add_argument("--validation", type=int, default=16, help="held-out games (smollm2)")
     parser.add_argument("--timeout-s", type=float, default=3600)
+    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS),
+                        help="which runs, in this order")
+    parser.add_argument("--logs", help="keep the trainers' and worker's logs in this folder")
     arguments = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     with aws_endpoint():

@@ -248,7 +248,8 @@ class TrainerSpec(ApiModel):
     trl, TRL's GRPOTrainer, whose rollout_func has the run's workers play the episodes. Both
     read the same spec; with trl, grpo.maxStepsOffPolicy, dynamicSamplingRounds,
     rolloutCorrection.mode and advantageLevel must keep their defaults, which are all TRL
-    does (docs/trainer.md, "Engines"). Default mtrl."""
+    does, and the trainer is one process: nodes 1, gpusPerNode 0 or 1 (docs/trainer.md,
+    "Engines"). Default mtrl."""
     instance_type: Annotated[str, Field(max_length=64)] = "ml.p5.48xlarge"
     """HyperPod instance type the trainer pods require (node affinity on
     node.kubernetes.io/instance-type). Default ml.p5.48xlarge."""
@@ -690,29 +691,39 @@ _IMMUTABLE_AFTER_START = ("model", "grpo", "rollout", "reward", "dataset", "outp
                           "queues")
 
 
-# What TRL's GRPOTrainer cannot do, as (field, CEL test on the spec, default, why): with
-# trainer.engine trl each field must keep its default. The API server refuses the rest, and
+# What TRL's GRPOTrainer cannot do, as (field, CEL test on the spec, the values allowed, why):
+# with trainer.engine trl each field must keep one of them. The API server refuses the rest, and
 # so does the spec's own validation, for a trainer started without one.
-TRL_UNSUPPORTED: tuple[tuple[str, str, Any, str], ...] = (
-    ("grpo.maxStepsOffPolicy", "self.grpo.maxStepsOffPolicy == 0", 0,
+TRL_UNSUPPORTED: tuple[tuple[str, str, tuple[Any, ...], str], ...] = (
+    ("grpo.maxStepsOffPolicy", "self.grpo.maxStepsOffPolicy == 0", (0,),
      "TRL plays each step's episodes with the policy it is about to train"),
-    ("grpo.dynamicSamplingRounds", "self.grpo.dynamicSamplingRounds == 0", 0,
+    ("grpo.dynamicSamplingRounds", "self.grpo.dynamicSamplingRounds == 0", (0,),
      "TRL trains on the groups of one generation batch"),
-    ("grpo.rolloutCorrection.mode", "self.grpo.rolloutCorrection.mode == 'none'", "none",
+    ("grpo.rolloutCorrection.mode", "self.grpo.rolloutCorrection.mode == 'none'", ("none",),
      "TRL corrects for the sampler only when vLLM samples"),
-    ("grpo.advantageLevel", "self.grpo.advantageLevel == 'episode'", "episode",
+    ("grpo.advantageLevel", "self.grpo.advantageLevel == 'episode'", ("episode",),
      "TRL gives every token of an episode one advantage"),
+    # torchrun starts gpusPerNode processes per node; the engine serves the workers' policy
+    # endpoint from one process (docs/trainer.md, "Engines"), and a pod that started its GPUs
+    # only to exit 2 is what apply time is for
+    ("trainer.nodes", "self.trainer.nodes == 1", (1,),
+     "the TRL engine runs one trainer process"),
+    ("trainer.gpusPerNode", "self.trainer.gpusPerNode <= 1", (0, 1),
+     "the TRL engine runs one trainer process (0 runs it on CPU)"),
 )
 
 
-def _trl_rule(field: str, test: str, default: Any, why: str) -> dict[str, Any]:
+def _trl_rule(field: str, test: str, allowed: tuple[Any, ...], why: str) -> dict[str, Any]:
     *parents, _ = field.split(".")
     present = " && ".join(f"has(self.{'.'.join([*parents[:i], p])})"
                           for i, p in enumerate(parents)) + f" && has(self.{field})"
     return rule(f"!has(self.trainer) || !has(self.trainer.engine) || self.trainer.engine != 'trl' "
-                f"|| !({present}) || {test}",
-                f"{field} must be {default!r} with trainer.engine trl: {why}",
+                f"|| !({present}) || {test}", _trl_refusal(field, allowed, why),
                 field_path=f".{field}")
+
+
+def _trl_refusal(field: str, allowed: tuple[Any, ...], why: str) -> str:
+    return f"{field} must be {' or '.join(map(repr, allowed))} with trainer.engine trl: {why}"
 
 
 class MultiTurnRLRunSpec(ApiModel):
@@ -752,12 +763,12 @@ class MultiTurnRLRunSpec(ApiModel):
         if self.trainer.engine != "trl":
             return self
         values = self.model_dump(by_alias=True, mode="json")
-        for field, _, default, why in TRL_UNSUPPORTED:
+        for field, _, allowed, why in TRL_UNSUPPORTED:
             value = values
             for part in field.split("."):
                 value = value[part]
-            if value != default:
-                raise ValueError(f"{field} must be {default!r} with trainer.engine trl: {why}")
+            if value not in allowed:
+                raise ValueError(_trl_refusal(field, allowed, why))
         return self
 
 

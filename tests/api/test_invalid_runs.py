@@ -164,6 +164,10 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
      "spec.grpo.rolloutCorrection.mode"),
     ("trl-turn-advantages", {"trainer": {"engine": "trl"}, "grpo": {"advantageLevel": "turn"}},
      "spec.grpo.advantageLevel"),
+    ("trl-eight-gpus", {"trainer": {"engine": "trl", "gpusPerNode": 8}},
+     "spec.trainer.gpusPerNode: Invalid value: \"object\": trainer.gpusPerNode must be 0 or 1 "
+     "with trainer.engine trl"),
+    ("trl-two-nodes", {"trainer": {"engine": "trl", "nodes": 2}}, "spec.trainer.nodes"),
     ("mlflow-file-store", {"output": {"mlflow": {"trackingUri": "file:///tmp/mlruns"}}},
      "spec.output.mlflow.trackingUri"),
     ("mlflow-without-uri", {"output": {"mlflow": {"experimentName": "rl"}}},
@@ -205,6 +209,7 @@ VALID: list[tuple[str, dict[str, Any]]] = [
                     "dataset": {"evalPassAtK": [1, 8, 64]}}),
     ("trl-engine", {"trainer": {"engine": "trl"}, "grpo": {"lossType": "dr_grpo",
                                                             "scaleRewards": "batch"}}),
+    ("trl-engine-one-gpu", {"trainer": {"engine": "trl", "gpusPerNode": 1}}),
     ("mlflow-server", {"output": {"mlflow": {"trackingUri": "https://mlflow.internal:5000/",
                                              "experimentName": "wordle agents"}}}),
     ("mlflow-sagemaker", {"output": {"mlflow": {"trackingUri": "arn:aws:sagemaker:us-west-2:"

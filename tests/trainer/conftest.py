@@ -46,6 +46,11 @@ def run_spec(bucket: str, **grpo: Any) -> dict[str, Any]:
     }
 
 
+def on_engine(spec: dict[str, Any], engine: str) -> dict[str, Any]:
+    """`spec` trained by `engine`, in one CPU process (which the TRL engine requires)."""
+    return spec | {"trainer": {"engine": engine, "gpusPerNode": 0}}
+
+
 @dataclass
 class TrainingRun:
     run_id: str

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from mtrl_trainer.checkpoint import CheckpointStore  # noqa: E402
 
-from .conftest import TrainingRun, run_spec  # noqa: E402
+from .conftest import TrainingRun, on_engine, run_spec  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.aws]
 
@@ -25,7 +25,7 @@ ENGINES = pytest.mark.parametrize("engine", ["mtrl", "trl"])
 @ENGINES
 def test_sigkill_then_resume_continues_from_latest_checkpoint(training_run: TrainingRun,
                                                               engine: str) -> None:
-    spec = run_spec(training_run.bucket, maxSteps=6) | {"trainer": {"engine": engine}}
+    spec = on_engine(run_spec(training_run.bucket, maxSteps=6), engine)
     spec["output"] |= {"checkpointIntervalSteps": 1, "keepCheckpoints": 10}
     spec["dataset"]["evalIntervalSteps"] = 0
     store = CheckpointStore(training_run.output_uri(spec), keep=10, client=boto3.client("s3"))
@@ -63,7 +63,7 @@ def test_sigterm_saves_a_checkpoint_at_the_step_it_was_on_and_the_next_start_con
         training_run: TrainingRun, engine: str) -> None:
     """No checkpoint is due before the end (interval 100): the one SIGTERM makes is all a
     restart has. The step in progress when it came is the only work lost."""
-    spec = run_spec(training_run.bucket, maxSteps=8) | {"trainer": {"engine": engine}}
+    spec = on_engine(run_spec(training_run.bucket, maxSteps=8), engine)
     spec["output"] |= {"checkpointIntervalSteps": 100, "keepCheckpoints": 10}
     spec["dataset"]["evalIntervalSteps"] = 0
     store = CheckpointStore(training_run.output_uri(spec), keep=10, client=boto3.client("s3"))

@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 from mtrl_testbed.mlflow_server import MlflowServer
 from mtrl_trainer.tracking import UID_TAG, flat_params, step_metrics
 
-from .conftest import TrainingRun, run_spec
+from .conftest import TrainingRun, on_engine, run_spec
 from .test_learning import train
 
 
@@ -45,7 +45,7 @@ def test_the_spec_flattens_to_params_and_a_report_to_metrics() -> None:
 @pytest.mark.parametrize("engine", ["mtrl", "trl"])
 def test_a_run_logs_its_params_and_every_step_to_mlflow(
         training_run: TrainingRun, mlflow_server: MlflowServer, engine: str) -> None:
-    spec = run_spec(training_run.bucket, maxSteps=4) | {"trainer": {"engine": engine}}
+    spec = on_engine(run_spec(training_run.bucket, maxSteps=4), engine)
     spec["dataset"]["evalIntervalSteps"] = 2
     spec["output"]["mlflow"] = {"trackingUri": mlflow_server.uri, "experimentName": "trainers"}
     train(training_run, spec)

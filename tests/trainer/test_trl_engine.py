@@ -14,7 +14,7 @@ from mtrl_trainer.orchestration import Pending, judge, sample_id
 from mtrl_trainer.tokenizer import CharChatTokenizer
 from mtrl_trainer.trl_engine import episode_of, grpo_arguments, hf_tokenizer, rollout_output
 
-from .conftest import TrainingRun, run_spec
+from .conftest import TrainingRun, on_engine, run_spec
 from .test_learning import STEPS, assert_learned, train
 
 PAD, END = 0, 1
@@ -108,7 +108,7 @@ def test_the_character_tokenizer_decodes_for_trl_as_it_does_for_the_workers() ->
 @pytest.mark.slow
 @pytest.mark.aws
 def test_reward_rises_with_trl_through_real_worker(training_run: TrainingRun) -> None:
-    spec = run_spec(training_run.bucket, maxSteps=STEPS) | {"trainer": {"engine": "trl"}}
+    spec = on_engine(run_spec(training_run.bucket, maxSteps=STEPS), "trl")
     assert_learned(train(training_run, spec))
     metrics = training_run.metrics(spec)
     assert all(m["engine"] == "trl" and m["trl/loss"] is not None for m in metrics), metrics
