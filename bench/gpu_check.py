@@ -21,7 +21,7 @@ or gradient norms are not finite, TRL runs once more with its Triton kernels off
 always does, to exercise that path); see docs/trainer.md.
 
 Needs torch, transformers and peft only (plus trl and datasets for the TRL side, carried as
-wheels: `bench/gpu_check.sh`); no pydantic, no boto3. `--tiny` runs the same code on a tiny
+wheels: `bench/gpu_check.sh`); no pydantic, boto3 or mlflow. `--tiny` runs the same code on a tiny
 config (the CPU dry run).
 """
 
@@ -37,9 +37,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-# The GPU machine has neither: make them unimportable here too, so a dry run elsewhere proves the
-# check needs neither (`find_spec` then reports them missing, as accelerate and transformers ask).
-for _absent in ("pydantic", "boto3"):
+# The GPU machine has none of these: make them unimportable here too, so a dry run elsewhere proves
+# the check needs none (`find_spec` then reports them missing, as accelerate, transformers and TRL
+# ask; TRL's profiling imports mlflow when it is there, and mlflow needs pydantic).
+for _absent in ("pydantic", "boto3", "mlflow"):
     sys.modules.setdefault(_absent, None)  # type: ignore[arg-type]
 
 import torch  # noqa: E402
@@ -297,8 +298,25 @@ def without_triton() -> None:
     utils.is_triton_available = lambda: False
 
 
+def trl_in_child(shape: dict[str, Any], args: argparse.Namespace, device: torch.device,
+                 dtype: torch.dtype, triton: bool = True) -> dict[str, Any]:
+    """`trl_side` in a fresh process: on the GPU TRL's step 2 was seen to die in a CUDA
+    device-side assert (GUIDE), which leaves that process's CUDA context unusable; a child keeps
+    the check and TRL's second try (Triton off) on a clean one."""
+    import concurrent.futures
+    import multiprocessing
+
+    with concurrent.futures.ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            return pool.submit(trl_side, shape, args, device, dtype, triton).result()
+        except Exception as exc:  # the child died (BrokenProcessPool) or could not send back
+            return {"error": f"TRL's process: {type(exc).__name__}: {exc}"[:500],
+                    "finite": False}
+
+
 def trl_side(shape: dict[str, Any], args: argparse.Namespace, device: torch.device,
-             dtype: torch.dtype) -> dict[str, Any]:
+             dtype: torch.dtype, triton: bool = True) -> dict[str, Any]:
     """TRL's GRPOTrainer (HF generate, no vLLM) on the same weights, prompts and batch layout."""
     try:
         import trl
@@ -307,6 +325,8 @@ def trl_side(shape: dict[str, Any], args: argparse.Namespace, device: torch.devi
         from transformers import PreTrainedTokenizerFast, TrainerCallback
     except ImportError as exc:
         return {"skipped": f"trl not importable ({exc})"}
+    if not triton:
+        without_triton()
     vocab = shape["vocab_size"]
     words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -513,7 +533,7 @@ def markdown(report: dict[str, Any]) -> str:
         row("4", "TRL again, its Triton kernels off: finite; completion tokens/s", "-",
             f"{fmt(w.get('finite'))}; {fmt(w.get('completion_tok_s'))}")
     if "project_imported" in report:
-        lines += ["", "> pydantic and boto3 were unimportable (as on the GPU machine); "
+        lines += ["", "> pydantic, boto3 and mlflow were unimportable (as on the GPU machine); "
                   "mtrl_operator / mtrl_rollout imported: "
                   f"{', '.join(report['project_imported']) or 'none'}"]
     for key in ("skipped", "error"):
@@ -584,14 +604,14 @@ def main() -> int:
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    stage("trl", {"skipped": "--no-trl"} if args.no_trl else trl_side(shape, args, device, dtype))
+    stage("trl", {"skipped": "--no-trl"} if args.no_trl
+          else trl_in_child(shape, args, device, dtype))
     if not args.no_trl and "skipped" not in report["trl"]:
         stage("trl_kernel", trl_logprob_kernel(shape, args, device, dtype))
         # Non-finite on the GPU: once more with TRL's torch ops instead of its Triton kernels
         # (the dry run takes this path always, so it is exercised before the GPU needs it).
         if not report["trl"]["finite"] or args.tiny:
-            without_triton()
-            stage("trl_without_triton", trl_side(shape, args, device, dtype))
+            stage("trl_without_triton", trl_in_child(shape, args, device, dtype, triton=False))
     print(markdown(report))
     return 0
 
