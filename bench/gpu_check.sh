@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU readiness check (issue 14): one run on one H200 within 8 minutes, every number printed.
+# GPU readiness check (issue 14): one run on one H200, every number printed (--eager: checks 3-6 only,
+# about 4 minutes there; the compiled decode step alone took 270 s).
 #
 #   bash bench/gpu_check.sh            # on the GPU machine (Qwen2-0.5B shapes)
 #   bash bench/gpu_check.sh --tiny     # the CPU dry run: same code, tiny shapes
