@@ -47,7 +47,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "trainer"))
+# The GPU machine has not installed the project: its trainer package, and the API package's
+# constants (`mtrl_api/__init__.py` imports nothing, so no pydantic), come from the tree.
+sys.path[:0] = [str(ROOT / "trainer"), str(ROOT / "api")]
 
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402

@@ -19,6 +19,10 @@ CONFIG_ERROR_PREFIX = "configuration error:"
 # prefix: the environment's error is in the message, and another attempt would play the same
 # tasks against the same environment, so it is not retried.
 EPISODES_FAILED_PREFIX = "episodes failed:"
+# A trainer whose step's gradient norm is not finite (NaN or inf) stops before applying that
+# update, with this prefix: its weights, and its last checkpoint, are the last good policy, and
+# another attempt would replay the same data into the same numbers, so it is not retried.
+DIVERGED_PREFIX = "training diverged:"
 # A trainer stopped by SIGTERM (suspend, delete, a node drain, an eviction, a preemption)
 # saves a checkpoint at the step it was on and exits with 128 + SIGTERM, as a shell does.
 TERMINATED_EXIT_CODE = 143

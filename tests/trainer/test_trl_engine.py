@@ -3,6 +3,8 @@ the real worker plays, and reports as the reference trainer does."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 pytest.importorskip("trl")
@@ -12,7 +14,15 @@ from mtrl_rollout.protocol import RolloutRequest, RolloutResult, TurnRecord
 from mtrl_trainer.config import ConfigError
 from mtrl_trainer.orchestration import Pending, judge, sample_id
 from mtrl_trainer.tokenizer import CharChatTokenizer
-from mtrl_trainer.trl_engine import episode_of, grpo_arguments, hf_tokenizer, rollout_output
+from mtrl_trainer.trl_engine import (
+    TrlRun,
+    _Reports,
+    episode_of,
+    grpo_arguments,
+    hf_tokenizer,
+    rollout_output,
+)
+from mtrl_trainer.update import Diverged
 
 from .conftest import TrainingRun, on_engine, run_spec
 from .test_learning import STEPS, assert_learned, train
@@ -103,6 +113,27 @@ def test_the_character_tokenizer_decodes_for_trl_as_it_does_for_the_workers() ->
     assert hf.batch_decode([[*ids, chars.end_token_id]], skip_special_tokens=True) == \
         [chars.decode(ids)]
     assert (hf.pad_token_id, hf.eos_token_id) == (chars.pad_token_id, chars.end_token_id)
+
+
+def test_trl_stops_before_an_optimizer_step_whose_gradient_is_not_finite() -> None:
+    """TRL steps whatever the gradient (an H200 run logged grad_norm nan at step 1, then died
+    sampling at step 2): the engine's callback runs between TRL's clipping and its optimizer
+    step, on the model TRL trains, and stops there as the reference trainer does."""
+    import torch
+
+    model = torch.nn.Linear(3, 2)
+    model.bias.requires_grad_(False)
+    run = SimpleNamespace(policy=SimpleNamespace(model=model), state=SimpleNamespace(step=4),
+                          config=SimpleNamespace(spec=MultiTurnRLRunSpec.model_validate(
+                              on_engine(run_spec("bucket", maxSteps=9), "trl"))))
+    run.check_gradients = lambda: TrlRun.check_gradients(run)  # type: ignore[arg-type]
+    reports, control = _Reports(run), object()  # type: ignore[arg-type]
+    model(torch.ones(1, 3)).sum().backward()
+    assert reports.on_pre_optimizer_step(None, None, control) is control
+    assert model.weight.grad is not None
+    model.weight.grad[1, 2] = float("inf")
+    with pytest.raises(Diverged, match=r"^training diverged: the gradient norm of step 5/9 is inf"):
+        reports.on_pre_optimizer_step(None, None, control)
 
 
 @pytest.mark.slow

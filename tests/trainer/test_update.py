@@ -15,7 +15,7 @@ from mtrl_trainer.decoder import FastDecoder  # noqa: E402
 from mtrl_trainer.logprobs import SequenceLogprobs, full_logprobs  # noqa: E402
 from mtrl_trainer.models import Policy, load_policy  # noqa: E402
 from mtrl_trainer.sampling import SamplingParams  # noqa: E402
-from mtrl_trainer.update import UpdateConfig, step_loss  # noqa: E402
+from mtrl_trainer.update import Diverged, UpdateConfig, step_loss, train_step  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -111,6 +111,30 @@ def test_loss_ignores_environment_tokens_and_starts_at_ratio_one() -> None:
     again = step_loss(SequenceLogprobs(p.model), altered, config(beta=0.5), pad_token_id=0, device=CPU,
                       backward=False)
     assert math.isfinite(again.loss)
+
+
+def test_a_step_whose_gradient_is_not_finite_stops_before_it_updates() -> None:
+    """One NaN weight in the adapter (what TRL's step 1 made on an H200, BENCHMARKS.md) gives a
+    NaN gradient norm: the step raises Diverged naming it, and no weight moves."""
+    p = policy()
+    rows = build_rows([two_turn_result(p)], [1.0], loss_type="dapo", max_completion_length=12,
+                      max_sequence_length=512, micro_batches=1)
+    scorer = SequenceLogprobs(p.model)
+    trainable = [q for q in p.model.parameters() if q.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=0.1)
+    stats = train_step(scorer, optimizer, rows, config(), pad_token_id=0, device=CPU,
+                       step=1, total=3)
+    assert math.isfinite(stats.grad_norm)  # the same step, finite, trains
+    lora_a = next(q for n, q in p.model.named_parameters() if "lora_A" in n)
+    lora_a.data[0, 0] = float("nan")
+    before = [q.detach().clone() for q in trainable]
+    with pytest.raises(Diverged, match=r"^training diverged: the gradient norm of step 2/3 is "
+                                       r"nan; its update was not applied"):
+        train_step(scorer, optimizer, rows, config(), pad_token_id=0, device=CPU,
+                   step=2, total=3)
+    # (an update with NaN gradients would turn every weight NaN, here 0 on the left)
+    assert all(torch.equal(a.nan_to_num(), b.nan_to_num())
+               for a, b in zip(trainable, before, strict=True))
 
 
 def test_kl_is_zero_with_adapter_disabled_reference_of_an_untrained_adapter() -> None:

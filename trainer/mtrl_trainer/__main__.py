@@ -1,10 +1,10 @@
 """`python -m mtrl_trainer` (also `mtrl trainer`, and under torchrun): run the configured GRPO
 training to spec.grpo.maxSteps. Exit 0 when done, 2 on a configuration error, 143 when SIGTERM
 stopped it (after a checkpoint at the step it was on), 1 on any other unrecoverable error
-(episodes that keep failing among them), always with one clear log line saying why, and the same line as the
-container's termination message (the file $MTRL_TERMINATION_MESSAGE_PATH names, set by the
-operator to the container's terminationMessagePath), which the operator copies into the run's
-status."""
+(episodes that keep failing, and a step whose gradient norm is not finite, among them), always
+with one clear log line saying why, and the same line as the container's termination message
+(the file $MTRL_TERMINATION_MESSAGE_PATH names, set by the operator to the container's
+terminationMessagePath), which the operator copies into the run's status."""
 
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return _stop(CONFIG_ERROR_EXIT_CODE, f"{CONFIG_ERROR_PREFIX} {exc}")
     # torch is heavy: import it after the config is valid
     from mtrl_trainer.loop import EpisodesFailed, Run, Terminated
+    from mtrl_trainer.update import Diverged
 
     world = init_world()
     try:
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return _stop(CONFIG_ERROR_EXIT_CODE, f"{CONFIG_ERROR_PREFIX} {exc}")
     except Terminated as exc:
         return _stop(TERMINATED_EXIT_CODE, str(exc))
-    except EpisodesFailed as exc:
+    except (EpisodesFailed, Diverged) as exc:
         return _stop(1, str(exc))
     except Exception as exc:
         log.exception("training failed")

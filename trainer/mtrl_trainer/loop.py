@@ -245,6 +245,7 @@ class Run:
                     self.model, self.optimizer, rows, self.update_config,
                     pad_token_id=self.policy.tokenizer.pad_token_id, device=self.device,
                     rank=self.world.rank, world_size=self.world.size,
+                    step=version, total=self.config.spec.grpo.max_steps,
                 )
             self.service.update_policy(version)
             return stats

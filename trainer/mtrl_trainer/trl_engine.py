@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import torch
 from datasets import Dataset
 from transformers import PreTrainedTokenizer, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
@@ -46,7 +47,7 @@ from mtrl_trainer.orchestration import Pending, Rollouts
 from mtrl_trainer.progress import ProgressReport
 from mtrl_trainer.stats import components, mean_std, success_rate
 from mtrl_trainer.tokenizer import CharChatTokenizer, HFChatTokenizer
-from mtrl_trainer.update import MAX_GRAD_NORM
+from mtrl_trainer.update import MAX_GRAD_NORM, check_finite
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -265,6 +266,16 @@ class TrlRun(Run):
         tok = self.policy.tokenizer
         return rollout_output(pending, rollouts, tok.pad_token_id, min(tok.stop_token_ids))
 
+    def check_gradients(self) -> None:
+        """Before TRL's optimizer step (after its clipping): `Diverged` on a NaN or infinite
+        gradient norm, as the reference trainer stops, so no such update reaches the weights
+        (TRL itself would step, log `grad_norm: nan` and sample noise next)."""
+        grads = [p.grad.detach().float() for p in self.policy.model.parameters()
+                 if p.requires_grad and p.grad is not None]
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g)
+                                                           for g in grads]))) if grads else 0.0
+        check_finite(norm, self.state.step + 1, self.config.spec.grpo.max_steps)
+
     def report(self, logs: dict[str, float]) -> bool:
         """After each optimizer step (TRL's log of it): progress, validation, checkpoint; True
         once SIGTERM asks to stop."""
@@ -308,10 +319,15 @@ class TrlRun(Run):
 
 
 class _Reports(TrainerCallback):  # type: ignore[misc]
-    """TRL logs each optimizer step (logging_steps 1) after it is taken: report it."""
+    """Before each optimizer step, its gradients are checked; TRL logs each step
+    (logging_steps 1) after it is taken: report it."""
 
     def __init__(self, run: TrlRun) -> None:
         self.run = run
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
+        self.run.check_gradients()
+        return control
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None,
                **_: Any) -> Any:

@@ -17,6 +17,7 @@ one.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass
 
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mtrl_api import DIVERGED_PREFIX
 from mtrl_trainer.batch import Row, pad, shard
 from mtrl_trainer.decoder import causal_lm
 from mtrl_trainer.grpo import CorrectionMode, per_token_loss, rollout_correction_weights
@@ -128,6 +130,23 @@ def peft_model(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model).policy
 
 
+class Diverged(Exception):
+    """The step's gradient norm is not finite: its update was not applied."""
+
+    def __init__(self, grad_norm: float, step: int, total: int) -> None:
+        self.grad_norm = grad_norm
+        super().__init__(f"{DIVERGED_PREFIX} the gradient norm of step {step}/{total} is "
+                         f"{grad_norm}; its update was not applied, so the weights and the last "
+                         "checkpoint hold the last good policy")
+
+
+def check_finite(grad_norm: float, step: int, total: int) -> None:
+    """Stop before an update with a NaN or infinite gradient norm (one NaN in a LoRA weight
+    turns every later sample into noise or a sampling error); both engines call it."""
+    if not math.isfinite(grad_norm):
+        raise Diverged(grad_norm, step, total)
+
+
 def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -138,13 +157,18 @@ def train_step(
     device: torch.device,
     rank: int = 0,
     world_size: int = 1,
+    step: int = 0,
+    total: int = 0,
 ) -> UpdateStats:
+    """One optimizer step; `Diverged` (before stepping) when the gradient norm is not finite.
+    DDP has averaged the gradients, so every rank sees the same norm and stops alike."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
     local = step_loss(model, rows, config, pad_token_id=pad_token_id, device=device,
                       rank=rank, world_size=world_size)
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM))
+    check_finite(grad_norm, step, total)
     optimizer.step()
     totals = torch.tensor(astuple(local), dtype=torch.float64)
     if world_size > 1:

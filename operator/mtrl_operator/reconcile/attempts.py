@@ -166,14 +166,16 @@ def _backing_off(st: Draft, attempt: int) -> Decision | None:
 
 def _failed_attempt(st: Draft, spec: MultiTurnRLRunSpec, trainer: TrainerObserved) -> Decision:
     """A new attempt while the operator owns retries and the backoff limit allows one; none
-    after a configuration error or episodes that kept failing, which the next attempt would
-    hit again. A trainer that was evicted or preempted resumes in a new attempt, counted as
-    no failure."""
+    after a configuration error, episodes that kept failing or a training that diverged, which
+    the next attempt would hit again. A trainer that was evicted or preempted resumes in a new
+    attempt, counted as no failure."""
     attempt, lifecycle = trainer.attempt, spec.lifecycle
     cleanup = [Act.DELETE_TRAINER] if st.obs.trainers_exist else []
-    if trainer.config_error or trainer.episodes_failed:
+    if trainer.config_error or trainer.episodes_failed or trainer.diverged:
         reason, what = (("TrainerConfigError", "a configuration error") if trainer.config_error
-                        else ("EpisodesFailed", "episodes that kept failing"))
+                        else ("EpisodesFailed", "episodes that kept failing")
+                        if trainer.episodes_failed
+                        else ("TrainingDiverged", "a gradient that was not finite"))
         st.finish(False, reason, f"the trainer stopped in attempt {attempt} on {what}, not "
                                  f"retried: {trainer.message}")
         return st.done(teardown(st.obs), requeue=0.2)

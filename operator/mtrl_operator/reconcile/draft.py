@@ -67,6 +67,7 @@ class TrainerObserved:
     unschedulable: bool = False  # the scheduler said no node fits its pods
     failed_in: tuple[str, str] | None = None  # (pod, container) whose failure told the cause
     episodes_failed: bool = False  # the trainer stopped because the run's episodes kept failing
+    diverged: bool = False  # the trainer stopped on a step whose gradient norm was not finite
     disrupted: str = ""  # its pods were evicted or preempted (the API server's words)
     hung: bool = False  # running, but no step for spec.lifecycle.progressTimeoutSeconds
     held: bool = False  # suspended by its queue (Kueue) until admitted

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from mtrl_api import (
     CONFIG_ERROR_EXIT_CODE,
     CONFIG_ERROR_PREFIX,
+    DIVERGED_PREFIX,
     EPISODES_FAILED_PREFIX,
     PROGRESS_KEY,
 )
@@ -152,8 +153,9 @@ def with_cause(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerO
     """A failed trainer, told in its own words: the termination message of a container of its
     pods that failed (the trainer writes one line; with FallbackToLogsOnError the kubelet puts
     the tail of the log there instead), its last line, and whether it was a configuration
-    error (exit code 2, or the message says so: torchrun exits 1 whatever its child did) or
-    episodes that kept failing; or that its pods were evicted or preempted."""
+    error (exit code 2, or the message says so: torchrun exits 1 whatever its child did),
+    episodes that kept failing or a gradient that was not finite; or that its pods were evicted
+    or preempted."""
     if said := disruption(pods):
         return replace(trainer, disrupted=said[:MAX_CAUSE])
     failed = failed_containers(pods)
@@ -168,7 +170,8 @@ def with_cause(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerO
     told = f"{cause[:MAX_CAUSE]} (exit code {code})" if cause else f"exit code {code}"
     return replace(trainer, message=f"{told}; {trainer.message}" if trainer.message else told,
                    config_error=config_error, failed_in=(pod, container["name"]),
-                   episodes_failed=cause.startswith(EPISODES_FAILED_PREFIX))
+                   episodes_failed=cause.startswith(EPISODES_FAILED_PREFIX),
+                   diverged=cause.startswith(DIVERGED_PREFIX))
 
 
 def with_placement(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerObserved:

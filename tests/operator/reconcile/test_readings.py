@@ -305,3 +305,12 @@ def test_the_queue_hold_is_told_in_kueues_words() -> None:
         "a workload (UID: 1) due to prioritization in the ClusterQueue")
     assert queue_hold("q", []) == "waiting for Kueue admission in queue q"
     assert queue_hold("", []) == "suspended, waiting to be admitted"
+
+
+def test_a_trainer_that_diverged_is_told_so() -> None:
+    line = ("training diverged: the gradient norm of step 3/10 is nan; its update was not "
+            "applied, so the weights and the last checkpoint hold the last good policy")
+    told = with_cause(JOB_FAILED, [pod((1, f"step 2/10\n{line}\n"))])
+    assert told.diverged and not told.config_error and not told.episodes_failed
+    assert told.message.startswith(f"{line} (exit code 1)")
+    assert not with_cause(JOB_FAILED, [pod((1, "Killed"))]).diverged

@@ -563,6 +563,19 @@ def test_episodes_that_keep_failing_are_named_and_end_the_run_unretried() -> Non
     assert d.status.attempts == 1
 
 
+def test_a_trainer_that_diverged_ends_the_run_unretried_in_its_words() -> None:
+    """A NaN gradient replays from the last checkpoint into the same numbers: another attempt
+    would spend the GPUs on it again, so the run fails at once, saying why."""
+    line = "training diverged: the gradient norm of step 3/10 is nan (exit code 1)"
+    stopped = TrainerObserved(1, TrainerState.FAILED, line, diverged=True)
+    d = decide(ready(status=started(launched_attempt=1, observed_attempt=1),
+                     trainers_exist=True, trainer=stopped))
+    failed = _cond(d.status, "Failed")
+    assert d.status.phase == Phase.FAILED and failed.reason == "TrainingDiverged"
+    assert failed.message.endswith(line) and "not retried" in failed.message
+    assert d.status.attempts == 1 and d.status.failed_attempts == 0
+
+
 def test_a_launch_cut_short_waits_again_for_workers_that_went_meanwhile() -> None:
     """Found by the lifecycle model (3,000 examples): attempt 2 was recorded, its create call
     failed, and a worker task stopped before the next reconcile. The recorded attempt let the
