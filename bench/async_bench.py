@@ -23,6 +23,9 @@ rolloutSeconds):
   result came during the wait). A step's requests go out maxStepsOffPolicy steps ahead, so
   with k steps of play ahead k+1 steps must hold an episode's whole critical path (every turn
   sampled, then answered by the environment) and the update;
+- the ceiling at each depth: the synchronous step over the longer of the trainer's own work
+  and (the critical path plus the update) / (k+1), at the synchronous run's speeds, and the
+  share of it reached;
 - the mean reward of the first and the last two steps, and the policy lag actually trained on.
 
     python bench/async_bench.py [--steps 20] [--turns 4] [--latency-ms 200 1000]
@@ -77,6 +80,7 @@ def summary(metrics: list[dict[str, Any]]) -> dict[str, Any]:
         "median_s": statistics.median(m["stepSeconds"] for m in steady),
         "busy": sum(m["updateSeconds"] + m["decodeSeconds"] for m in steady) / wall,
         "updating": sum(m["updateSeconds"] for m in steady) / wall,
+        "update_s": sum(m["updateSeconds"] for m in steady) / len(steady),
         # From publishing a step's requests to its last result: the episodes' critical path
         # (turns one after another, each an environment reply and a sampled turn). Known only
         # for steps whose trainer waited for results (then the last arrived during the wait);
@@ -98,6 +102,17 @@ def main(args: argparse.Namespace) -> None:
             table(args, latency_ms, results)
 
 
+def ceiling(base: dict[str, Any], depth: int) -> float | None:
+    """The speed-up over the synchronous run that `depth` steps of play ahead can reach at most,
+    at the synchronous run's own speeds: a step is no shorter than the trainer's own work
+    (sampling and updating) and, since its requests went out `depth` steps earlier, no shorter
+    than 1/(depth+1) of an episode's critical path plus the update."""
+    if base["episodes_s"] is None:
+        return None
+    floor = max(base["mean_s"] * base["busy"], (base["episodes_s"] + base["update_s"]) / (depth + 1))
+    return base["mean_s"] / floor
+
+
 def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str, Any]]) -> None:
     base = results[args.bounds[0]]
     print(f"\n> `target` environment, {args.turns} turns, {latency_ms} ms environment latency "
@@ -106,13 +121,16 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
           "worker process, moto on loopback\n")
     print("| maxStepsOffPolicy | s/step (mean) | s/step (median) | steps/hour | vs sync | "
           "trainer busy | updating | idle (s/step) | episodes: publish -> last result, steps "
-          "that waited (s) | reward first 2 -> last 2 steps | max lag trained | stale |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "that waited (s) | ceiling at this depth (of it) | reward first 2 -> last 2 steps "
+          "| max lag trained | stale |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for bound, r in results.items():
+        speedup, most = base["mean_s"] / r["mean_s"], ceiling(base, bound)
         print(f"| {bound} | {r['mean_s']:.2f} | {r['median_s']:.2f} | {3600 / r['mean_s']:,.0f} "
-              f"| {base['mean_s'] / r['mean_s']:.2f}x | {r['busy']:.0%} | {r['updating']:.0%} "
+              f"| {speedup:.2f}x | {r['busy']:.0%} | {r['updating']:.0%} "
               f"| {r['mean_s'] * (1 - r['busy']):.2f} "
               f"| {'-' if r['episodes_s'] is None else format(r['episodes_s'], '.2f')} "
+              f"| {'-' if most is None else f'{most:.2f}x ({speedup / most:.0%})'} "
               f"| {r['first']:.3f} -> {r['last']:.3f} | {r['lag']} | {r['stale']} |")
     print(f"\n> At {latency_ms} ms the synchronous trainer is busy {base['busy']:.0%} of a step "
           f"(sampling or updating): hiding all environment time at its sampling speed would "
@@ -120,7 +138,10 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
           "= updating or sampling (one holds the model at a time), steps 2..N; the last "
           "maxStepsOffPolicy steps have nothing left to play ahead. Idle: neither sampling nor "
           "updating. A step's requests go out maxStepsOffPolicy steps before it gathers them: "
-          "their last result ends that many steps plus the wait.")
+          "their last result ends that many steps plus the wait. Ceiling at this depth: the "
+          "synchronous run's step over the longer of its own trainer work and (its episodes' "
+          "publish-to-last-result time plus its update) / (maxStepsOffPolicy + 1): the most "
+          "this depth can give at the synchronous run's sampling speed.")
 
 
 if __name__ == "__main__":
