@@ -51,6 +51,7 @@ MOE_TYPES = frozenset({"qwen3_moe", "mixtral", "gpt_oss"})
 CONFIG_WINDOW_TYPES = frozenset({"mistral", "mixtral"})
 MIN_ROWS = 8  # decode-step batch sizes are powers of two from here: few distinct graphs
 MIN_SPAN = 64  # attended cache length, likewise
+CACHE_SLACK = 16  # cache positions never attended (see _allocate)
 MAX_STOPS = 16
 
 
@@ -183,7 +184,10 @@ class FastDecoder:
 
     def _allocate(self) -> None:
         dev, rows = self.device, self.rows
-        shape = (rows, self.kv_heads, self.capacity, self.head_dim)
+        # CACHE_SLACK positions past the largest span: a span of the cache's whole length
+        # would be a slice that is the whole tensor, which the compiler specialises on, so the
+        # first episode to reach it would recompile the step (bench/decoder_recompiles.py).
+        shape = (rows, self.kv_heads, self.capacity + CACHE_SLACK, self.head_dim)
         # Zeros matter only at the sink slot (index 0): a zero key and value.
         self._keys = [torch.zeros(shape, dtype=self.dtype, device=dev) for _ in self.layers]
         self._values = [torch.zeros(shape, dtype=self.dtype, device=dev) for _ in self.layers]
