@@ -90,16 +90,26 @@ def test_validation_measures_the_policy_that_training_measures(
     """The demo's run (tests/testbed: manifests/examples/tiny-cpu.yaml's GRPO settings): at
     each evaluation the validation tasks, played once each by the policy just trained, succeed
     about as often as that step's training episodes did (same environment, same tasks)."""
-    run = training_runs()
-    spec = run_spec(run.bucket, maxSteps=20)
-    spec["dataset"] |= {"evalIntervalSteps": 5, "evalOnStart": True}
-    _train(run, spec, "validated")
-    by_step = {m["step"]: m for m in run.metrics(spec)}
-    print({s: (m["successRate"], m["validationSuccessRate"]) for s, m in by_step.items()})
-    evaluated = [s for s, m in by_step.items() if m["validationSuccessRate"] is not None]
-    assert evaluated == [0, 5, 10, 15, 20], evaluated
+    # This test needs a policy that learned. From seed 7's random policy, 11 of 11 runs here
+    # had learned by step 10 (mean reward 0.59 to 0.99 there), but once in CI 20 steps
+    # succeeded at no episode: which tokens a step samples depends on how the worker's
+    # requests were batched, so a run is not reproducible. Whether a run learns is
+    # test_learning's subject; a run that learned nothing is trained once more.
+    for attempt in (1, 2):
+        run = training_runs()
+        spec = run_spec(run.bucket, maxSteps=20)
+        spec["dataset"] |= {"evalIntervalSteps": 5, "evalOnStart": True}
+        _train(run, spec, f"validated-{attempt}")
+        by_step = {m["step"]: m for m in run.metrics(spec)}
+        print(f"run {attempt}: (success, validation success, reward) by step",
+              {s: (m["successRate"], m["validationSuccessRate"], m["rewardMean"])
+               for s, m in by_step.items()})
+        evaluated = [s for s, m in by_step.items() if m["validationSuccessRate"] is not None]
+        assert evaluated == [0, 5, 10, 15, 20], evaluated
+        learned = [s for s in evaluated if s and by_step[s]["successRate"] >= 0.9]
+        if learned:
+            break
     # A policy that solves its training episodes solves the same tasks in validation.
-    learned = [s for s in evaluated if s and by_step[s]["successRate"] >= 0.9]
     assert learned and all(by_step[s]["validationSuccessRate"] >= 0.5 for s in learned), by_step
     # Step 0 is the base model's score (evalOnStart), before any training step: lower.
     assert by_step[0]["successRate"] is None
