@@ -112,13 +112,19 @@ def prompts_for(args: argparse.Namespace, vocab: int, steps: int) -> list[list[i
 
 # ---------------------------------------------------------------------- 1. compiled == eager
 
+def decoder_length(args: argparse.Namespace) -> int:
+    """The decoder's length: a prompt, its completion and a little room (one value for both
+    modes, so --eager measures the same cache as the compiled check)."""
+    return args.prompt_tokens + args.new_tokens + 16
+
+
 def check_compiled(model: Any, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     prompts = prompts_for(args, model.config.vocab_size, 1)[:: args.group][: args.check_rows]
     budgets = [args.check_tokens] * len(prompts)
     # The sampling the benchmark uses (so its compiled graph is this one), with the same noise
     # on both sides: equal logits give equal draws.
     params = SamplingParams(temperature=1.0, stop_token_ids=frozenset({EOS}))
-    length = args.prompt_tokens + args.new_tokens + 16
+    length = decoder_length(args)
     model.eval()
     eager_decoder = FastDecoder(model, rows=args.completions, max_length=length, compile_step=False)
     started = time.perf_counter()
@@ -599,8 +605,7 @@ def main() -> int:
         print(f"[{report['elapsed_s']:6.1f}s] {name} done", flush=True)
 
     if args.eager:
-        decoder = FastDecoder(model, rows=args.completions,
-                              max_length=args.prompt_tokens + args.new_tokens + 16,
+        decoder = FastDecoder(model, rows=args.completions, max_length=decoder_length(args),
                               compile_step=False)
     else:
         stage("compiled", check_compiled(model, args, device))
