@@ -17,8 +17,9 @@ one (a run cut short keeps what it measured):
 6. the clip fraction and the mean |trainer - sampler logprob| at step 1: how well sampler and
    trainer agree in bf16.
 TRL's chunked log-prob kernel is also compared with `log_softmax` on its own, and if TRL's losses
-or gradient norms are not finite, TRL runs once more with its Triton kernels off (the dry run
-always does, to exercise that path); see docs/trainer.md.
+or gradient norms are not finite, TRL takes one more step under autograd's anomaly detection,
+which names the first backward function to return NaN and the forward code that made it (the dry
+run always does, to exercise that path); see docs/trainer.md.
 
 Needs torch, transformers and peft only (plus trl and datasets for the TRL side, carried as
 wheels: `bench/gpu_check.sh`); no pydantic, boto3 or mlflow. `--tiny` runs the same code on a tiny
@@ -28,12 +29,15 @@ config (the CPU dry run).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import platform
 import random
+import re
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -297,35 +301,45 @@ def number(value: Any) -> float:
         return math.nan
 
 
-def without_triton() -> None:
-    """Make TRL take its torch ops where it would launch its Triton kernels."""
-    import trl.kernels.chunked_logprob as chunked
-    import trl.trainer.utils as utils
-
-    chunked._TRITON_AVAILABLE = False
-    utils.is_triton_available = lambda: False
+def nan_origin(error: BaseException | None, caught: list[warnings.WarningMessage]) -> dict[str, Any]:
+    """What autograd's anomaly mode says about a NaN gradient: its error names the backward
+    function ("Function 'MmBackward0' returned nan values in its 0th output.") and a warning
+    before it holds the traceback of the forward call that built that function."""
+    text = str(error) if error else ""
+    named = re.search(r"Function '(\w+)' returned nan values in its (\d+)\w* output", text)
+    traces = [str(w.message) for w in caught if "Traceback of forward call" in str(w.message)]
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', traces[-1] if traces else "")
+    return {
+        "backward_function": named.group(1) if named else None,
+        "output_index": int(named.group(2)) if named else None,
+        # The innermost frames: the module and line whose forward made the NaN's backward.
+        "forward_frames": [f"{Path(f).name}:{line} {fn}: {code.strip()}"
+                           for f, line, fn, code in frames[-8:]],
+        "error": text[:300] or None,
+    }
 
 
 def trl_in_child(shape: dict[str, Any], args: argparse.Namespace, device: torch.device,
-                 dtype: torch.dtype, triton: bool = True) -> dict[str, Any]:
+                 dtype: torch.dtype, anomaly: bool = False) -> dict[str, Any]:
     """`trl_side` in a fresh process: on the GPU TRL's step 2 was seen to die in a CUDA
     device-side assert (GUIDE), which leaves that process's CUDA context unusable; a child keeps
-    the check and TRL's second try (Triton off) on a clean one."""
+    the check and TRL's second try (anomaly detection) on a clean one."""
     import concurrent.futures
     import multiprocessing
 
     with concurrent.futures.ProcessPoolExecutor(
             1, mp_context=multiprocessing.get_context("spawn")) as pool:
         try:
-            return pool.submit(trl_side, shape, args, device, dtype, triton).result()
+            return pool.submit(trl_side, shape, args, device, dtype, anomaly).result()
         except Exception as exc:  # the child died (BrokenProcessPool) or could not send back
             return {"error": f"TRL's process: {type(exc).__name__}: {exc}"[:500],
                     "finite": False}
 
 
 def trl_side(shape: dict[str, Any], args: argparse.Namespace, device: torch.device,
-             dtype: torch.dtype, triton: bool = True) -> dict[str, Any]:
-    """TRL's GRPOTrainer (HF generate, no vLLM) on the same weights, prompts and batch layout."""
+             dtype: torch.dtype, anomaly: bool = False) -> dict[str, Any]:
+    """TRL's GRPOTrainer (HF generate, no vLLM) on the same weights, prompts and batch layout;
+    with `anomaly`, one step under autograd's anomaly detection, and where its NaN came from."""
     try:
         import trl
         from datasets import Dataset
@@ -333,8 +347,6 @@ def trl_side(shape: dict[str, Any], args: argparse.Namespace, device: torch.devi
         from transformers import PreTrainedTokenizerFast, TrainerCallback
     except ImportError as exc:
         return {"skipped": f"trl not importable ({exc})"}
-    if not triton:
-        without_triton()
     vocab = shape["vocab_size"]
     words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -367,7 +379,8 @@ def trl_side(shape: dict[str, Any], args: argparse.Namespace, device: torch.devi
         output_dir=str(args.out_dir / "trl"), per_device_train_batch_size=args.completions //
         args.micro_batches, gradient_accumulation_steps=args.micro_batches,
         num_generations=args.group, max_completion_length=args.new_tokens,
-        max_steps=args.warmup + args.steps, logging_steps=1, report_to=[], save_strategy="no",
+        max_steps=1 if anomaly else args.warmup + args.steps, logging_steps=1, report_to=[],
+        save_strategy="no",
         bf16=dtype == torch.bfloat16, use_cpu=device.type == "cpu", learning_rate=1e-5,
         gradient_checkpointing=False, shuffle_dataset=False, loss_type="dapo", beta=0.0,
         epsilon=EPSILON, epsilon_high=EPSILON_HIGH, temperature=1.0, scale_rewards="group",
@@ -381,10 +394,16 @@ def trl_side(shape: dict[str, Any], args: argparse.Namespace, device: torch.devi
         callbacks=[Timer()],
     )
     error = None
-    try:
-        trainer.train()
-    except Exception as exc:  # TRL's NaN at step 1 ends in a CUDA assert at step 2 (docs/trainer.md)
-        error = f"{type(exc).__name__}: {exc}"[:500]
+    failure: Exception | None = None
+    with contextlib.ExitStack() as stack:
+        caught = stack.enter_context(warnings.catch_warnings(record=True))
+        warnings.simplefilter("always")
+        if anomaly:
+            stack.enter_context(torch.autograd.detect_anomaly(check_nan=True))
+        try:
+            trainer.train()
+        except Exception as exc:  # TRL's NaN at step 1 ends in a CUDA assert at step 2
+            failure, error = exc, f"{type(exc).__name__}: {exc}"[:500]
     timed = times[args.warmup:]
     lengths = [entry.get("completions/mean_length", args.new_tokens) for entry in logged]
     tokens = sum(lengths[args.warmup:]) * args.completions if len(lengths) > args.warmup else 0
@@ -395,6 +414,8 @@ def trl_side(shape: dict[str, Any], args: argparse.Namespace, device: torch.devi
                                        and math.isfinite(e.get("grad_norm", math.nan))
                                        for e in logged),
     }
+    if anomaly:
+        out["nan_origin"] = nan_origin(failure, caught)
     if timed and tokens:
         out["step_s"] = sum(timed) / len(timed)
         out["completion_tok_s"] = tokens / sum(timed)
@@ -536,10 +557,12 @@ def markdown(report: dict[str, Any]) -> str:
             f"{k['positions']} positions: values / grads finite, max \\|Δ\\| value / grad", "-",
             f"{fmt(k['values_finite'])} / {fmt(k['grads_finite'])}, "
             f"{k['max_abs_value_diff']:.1e} / {k['max_abs_grad_diff']:.1e}")
-    w = report.get("trl_without_triton", {})
-    if w and "skipped" not in w:
-        row("4", "TRL again, its Triton kernels off: finite; completion tokens/s", "-",
-            f"{fmt(w.get('finite'))}; {fmt(w.get('completion_tok_s'))}")
+    origin = report.get("trl_anomaly", {}).get("nan_origin")
+    if origin:
+        row("4", "TRL's step 1 under anomaly detection: the first backward function to return "
+            "NaN; its forward call", "-",
+            f"{origin['backward_function'] or 'none'}; "
+            f"{' < '.join(reversed(origin['forward_frames'][-3:])) or '-'}")
     if "project_imported" in report:
         lines += ["", "> pydantic, boto3 and mlflow were unimportable (as on the GPU machine); "
                   "mtrl_operator / mtrl_rollout imported: "
@@ -624,10 +647,10 @@ def main() -> int:
           else trl_in_child(shape, args, device, dtype))
     if not args.no_trl and "skipped" not in report["trl"]:
         stage("trl_kernel", trl_logprob_kernel(shape, args, device, dtype))
-        # Non-finite on the GPU: once more with TRL's torch ops instead of its Triton kernels
-        # (the dry run takes this path always, so it is exercised before the GPU needs it).
+        # Non-finite on the GPU: its step 1 once more, under anomaly detection (the dry run
+        # takes this path always, so it is exercised before the GPU needs it).
         if not report["trl"]["finite"] or args.tiny:
-            stage("trl_without_triton", trl_in_child(shape, args, device, dtype, triton=False))
+            stage("trl_anomaly", trl_in_child(shape, args, device, dtype, anomaly=True))
     print(markdown(report))
     return 0
 
