@@ -37,6 +37,7 @@ from mtrl_rollout.protocol import (
     GenerateResponse,
     TokenLogprob,
 )
+from mtrl_trainer.decoder import CACHE_SLACK
 from mtrl_trainer.decoders import Decoder, make_decoder
 from mtrl_trainer.models import Policy
 from mtrl_trainer.sampling import Job, Sampled, SamplingParams
@@ -64,7 +65,9 @@ def rows_that_fit(model: torch.nn.Module, max_length: int, most: int) -> int:
     head_dim = int(getattr(config, "head_dim", None)
                    or config.hidden_size // config.num_attention_heads)
     weight = next(model.parameters())
-    per_row = 2 * layers * kv_heads * head_dim * (max_length + 16) * weight.element_size()
+    # The decoder's cache length: the capacity (max_length rounded up to 16) and its slack.
+    per_row = (2 * layers * kv_heads * head_dim * (max_length + 16 + CACHE_SLACK)
+               * weight.element_size())
     if weight.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(weight.device)
         budget = int(free * GPU_KV_CACHE_FRACTION)
