@@ -28,7 +28,7 @@ rolloutSeconds):
   share of it reached;
 - the mean reward of the first and the last two steps, and the policy lag actually trained on.
 
-    python bench/async_bench.py [--steps 20] [--turns 4] [--latency-ms 200 1000]
+    python bench/async_bench.py [--steps 20] [--turns 4] [--latency-ms 200 1000] [--bounds 0 1 2]
 """
 
 from __future__ import annotations
@@ -71,6 +71,11 @@ def run(args: argparse.Namespace, bound: int, latency_ms: int,
                  environment_args={"turns": args.turns, "latency_ms": latency_ms})
 
 
+def mean_of(metrics: list[dict[str, Any]], key: str) -> float | None:
+    values = [m[key] for m in metrics if m.get(key) is not None]
+    return statistics.mean(values) if values else None
+
+
 def summary(metrics: list[dict[str, Any]]) -> dict[str, Any]:
     steady = metrics[1:]
     wall = sum(m["stepSeconds"] for m in steady)
@@ -87,6 +92,10 @@ def summary(metrics: list[dict[str, Any]]) -> dict[str, Any]:
         # a step that found them all there has its floor in the trainer's own work.
         "episodes_s": statistics.mean(waited) if (waited := [
             m["rolloutSeconds"] for m in steady if m["rolloutWaitSeconds"] > WAITED_S]) else None,
+        # How the decoder spent its steps: prompt tokens served from cached prefixes, and of
+        # the rows each decode step computed, those still generating (means over steps).
+        "reuse": mean_of(steady, "prefixReuse"),
+        "occupancy": mean_of(steady, "decodeRowOccupancy"),
         "first": (rewards[0] + rewards[1]) / 2,
         "last": (rewards[-2] + rewards[-1]) / 2,
         "lag": max(m["trainedPolicyVersion"] - m["oldestPolicyVersion"] for m in metrics),
@@ -100,6 +109,10 @@ def main(args: argparse.Namespace) -> None:
             results = {bound: summary(run(args, bound, latency_ms, Path(tmp)))
                        for bound in args.bounds}
             table(args, latency_ms, results)
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def ceiling(base: dict[str, Any], depth: int) -> float | None:
@@ -121,9 +134,9 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
           "worker process, moto on loopback\n")
     print("| maxStepsOffPolicy | s/step (mean) | s/step (median) | steps/hour | vs sync | "
           "trainer busy | updating | idle (s/step) | episodes: publish -> last result, steps "
-          "that waited (s) | ceiling at this depth (of it) | reward first 2 -> last 2 steps "
-          "| max lag trained | stale |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "that waited (s) | ceiling at this depth (of it) | prefix reuse | decode row "
+          "occupancy | reward first 2 -> last 2 steps | max lag trained | stale |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for bound, r in results.items():
         speedup, most = base["mean_s"] / r["mean_s"], ceiling(base, bound)
         print(f"| {bound} | {r['mean_s']:.2f} | {r['median_s']:.2f} | {3600 / r['mean_s']:,.0f} "
@@ -131,6 +144,7 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
               f"| {r['mean_s'] * (1 - r['busy']):.2f} "
               f"| {'-' if r['episodes_s'] is None else format(r['episodes_s'], '.2f')} "
               f"| {'-' if most is None else f'{most:.2f}x ({speedup / most:.0%})'} "
+              f"| {percent(r['reuse'])} | {percent(r['occupancy'])} "
               f"| {r['first']:.3f} -> {r['last']:.3f} | {r['lag']} | {r['stale']} |")
     print(f"\n> At {latency_ms} ms the synchronous trainer is busy {base['busy']:.0%} of a step "
           f"(sampling or updating): hiding all environment time at its sampling speed would "
@@ -141,7 +155,11 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
           "their last result ends that many steps plus the wait. Ceiling at this depth: the "
           "synchronous run's step over the longer of its own trainer work and (its episodes' "
           "publish-to-last-result time plus its update) / (maxStepsOffPolicy + 1): the most "
-          "this depth can give at the synchronous run's sampling speed.")
+          "this depth can give at the synchronous run's sampling speed. Prefix reuse: the share "
+          "of prompt tokens the decoder took from cached prefixes (an update drops them); decode "
+          "row occupancy: the share of the rows its decode steps "
+          "computed that were still generating (idle rows below the highest busy one are "
+          "computed too).")
 
 
 if __name__ == "__main__":

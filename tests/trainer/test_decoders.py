@@ -118,6 +118,36 @@ def test_next_turn_reuses_the_cached_prefix(model_type: str) -> None:
     assert again.reused_tokens == 0
 
 
+def test_busy_rows_stay_below_parked_prefixes() -> None:
+    """A decode step computes every row below the highest busy one (rows 0..n-1, n a power of
+    two), so busy rows keep to the low indices: a new episode takes row 0 and the prefix parked
+    there moves up; a parked prefix comes down for its episode's next turn, still reused.
+    row_steps and active_row_steps (metrics.jsonl's decodeRowOccupancy) count the rows."""
+    model = tiny("qwen2")
+    decoder = FastDecoder(model, rows=16, max_length=96, sync_every=4)
+    first = decoder.generate([PROMPTS[1]] * 9, [8] * 9, GREEDY,
+                             keys=[f"episode-{i}" for i in range(9)])
+
+    def play(prompt: list[int], key: str) -> tuple[float, Any]:
+        rows, active = decoder.row_steps, decoder.active_row_steps
+        [out] = decoder.generate([prompt], [8], GREEDY, keys=[key])
+        return (decoder.active_row_steps - active) / (decoder.row_steps - rows), out
+
+    occupancy, another = play(PROMPTS[2], "another")
+    assert occupancy == 1 / 8  # in row 0 (1/16 in row 9, above nine parked prefixes)
+    # episode-0's prefix moved out of row 0; "another" is parked there now: they swap.
+    for key, before, out in (("episode-0", PROMPTS[1], first[0]), ("another", PROMPTS[2], another)):
+        prompt = before + out.token_ids + [44, 45]
+        occupancy, turn = play(prompt, key)
+        assert occupancy == 1 / 8
+        assert turn.reused_tokens == len(before) + len(out.token_ids) - 1
+        assert_matches(model, [turn], [prompt], [8])  # the moved keys and values are right
+    # The general decoder computes a batch's finished rows until its last one ends.
+    general = GeneralDecoder(tiny("qwen2"), rows=2, max_length=96)
+    general.generate(PROMPTS[:2], [2, 8], GREEDY)
+    assert (general.row_steps, general.active_row_steps) == (14, 8)
+
+
 def test_sampling_draws_from_the_tempered_distribution() -> None:
     """At temperature 0.7 the reported logprob is log softmax(logits / 0.7) of the drawn token."""
     model = tiny("qwen3")

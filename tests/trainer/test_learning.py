@@ -47,8 +47,11 @@ def assert_learned(rewards: dict[int, float]) -> None:
 def test_reward_rises_through_real_worker(training_run: TrainingRun) -> None:
     spec = run_spec(training_run.bucket, maxSteps=STEPS)
     assert_learned(train(training_run, spec))
+    metrics = training_run.metrics(spec)
     assert all(m["trainedPolicyVersion"] == m["oldestPolicyVersion"]
-               for m in training_run.metrics(spec)), "a synchronous step trained off-policy"
+               for m in metrics), "a synchronous step trained off-policy"
+    # One turn per episode: no prompt extends a cached one.
+    assert all(m["prefixReuse"] == 0 and 0 < m["decodeRowOccupancy"] <= 1 for m in metrics)
 
 
 def test_reward_rises_two_steps_off_policy_with_truncated_importance_sampling(

@@ -118,3 +118,7 @@ def test_the_trainer_steps_checkpoints_and_resumes_with_the_packaged_model(
     # Two-turn episodes of 4 samples whose rewards differ: every step is a LoRA update.
     assert [h["optimizerSteps"] for h in history] == [1, 2]
     assert all(math.isfinite(h["loss"]) for h in history)
+    # Each episode's second turn extends its first: the decoder served that prefix from cache.
+    metrics = training_run.metrics(_spec(training_run.bucket, 2))
+    assert all(0 < m["prefixReuse"] < 1 and 0 < m["decodeRowOccupancy"] <= 1
+               for m in metrics), metrics

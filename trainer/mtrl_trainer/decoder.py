@@ -178,6 +178,8 @@ class FastDecoder:
         self.steps = 0  # decode steps run
         self.prefilled_tokens = 0
         self.reused_tokens = 0
+        self.row_steps = 0
+        self.active_row_steps = 0
         self._allocate()
 
     # ------------------------------------------------------------------ state
@@ -323,20 +325,47 @@ class FastDecoder:
     # ------------------------------------------------------------------ scheduling
 
     def _place(self, job: Job) -> tuple[int, int] | None:
-        """A row for `job` and how many of its prompt tokens are already cached there."""
+        """A row for `job` and how many of its prompt tokens are already cached there.
+
+        A decode step computes every row below the highest busy one, so busy rows are kept at
+        the low indices and parked prefixes above them: the job takes the lowest row that is
+        not busy. Its own parked prefix comes down to that row; another prefix parked there
+        moves up to a free row, or else onto the least recently used prefix (evicting it)."""
+        low = next((i for i, row in enumerate(self._slots) if row is None or row.job is None),
+                   None)
+        if low is None:
+            return None
+        own = None
         if self.reuse_prefix and job.key is not None:
-            for i, row in enumerate(self._slots):
-                if row is not None and row.job is None and row.key == job.key:
-                    # At least one token is fed: its logits give the first sampled token.
-                    reuse = min(_common_prefix(row.tokens[: row.valid], job.prompt),
-                                len(job.prompt) - 1)
-                    return i, reuse
-        for i, row in enumerate(self._slots):
-            if row is None:
-                return i, 0
-        parked = [(row.last_used, i) for i, row in enumerate(self._slots)
-                  if row is not None and row.job is None]
-        return (min(parked)[1], 0) if parked else None
+            own = next((i for i, row in enumerate(self._slots)
+                        if row is not None and row.job is None and row.key == job.key), None)
+        if own is not None:
+            if own != low:
+                self._swap(own, low)
+            row = self._slots[low]
+            assert row is not None
+            # At least one token is fed: its logits give the first sampled token.
+            return low, min(_common_prefix(row.tokens[: row.valid], job.prompt),
+                            len(job.prompt) - 1)
+        if self._slots[low] is not None:
+            free = [i for i, row in enumerate(self._slots) if row is None]
+            if free:
+                self._swap(low, free[-1])
+            else:
+                _, oldest = min((row.last_used, i) for i, row in enumerate(self._slots)
+                                if row is not None and row.job is None)
+                if oldest != low:
+                    self._swap(low, oldest)
+            self._slots[low] = None  # now a free row's, or the oldest prefix, evicted
+        return low, 0
+
+    def _swap(self, a: int, b: int) -> None:
+        """Exchange two rows that are not decoding: their cached keys and values and slots."""
+        for cache in (*self._keys, *self._values):
+            held = cache[a].clone()
+            cache[a].copy_(cache[b])
+            cache[b].copy_(held)
+        self._slots[a], self._slots[b] = self._slots[b], self._slots[a]
 
     def _admit(self) -> None:
         if not self.continuous and any(r is not None and r.job is not None for r in self._slots):
@@ -400,6 +429,10 @@ class FastDecoder:
         if not active:
             return
         n = _bucket(max(active) + 1, MIN_ROWS, self.rows)
+        # A step computes rows 0..n-1, idle ones too (counted at the pump's start: reading
+        # which rows finish within it would wait for the device).
+        self.row_steps += n * self.sync_every
+        self.active_row_steps += len(active) * self.sync_every
         highest = max(self._slots[i].upper_pos for i in active)  # type: ignore[union-attr]
         span = _bucket(highest + self.offset + self.sync_every + 1, MIN_SPAN, self.capacity)
         temperature, top_p = self.params.temperature, self.params.top_p

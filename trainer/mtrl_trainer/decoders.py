@@ -23,6 +23,8 @@ class Decoder(Protocol):
     steps: int
     prefilled_tokens: int
     reused_tokens: int
+    row_steps: int  # rows computed, summed over decode steps
+    active_row_steps: int  # of them, rows still generating
 
     @property
     def busy(self) -> bool: ...

@@ -34,6 +34,8 @@ class GeneralDecoder:
         self.steps = 0
         self.prefilled_tokens = 0
         self.reused_tokens = 0
+        self.row_steps = 0
+        self.active_row_steps = 0
 
     def configure(self, params: SamplingParams, generator: torch.Generator | None = None) -> None:
         self.params, self.generator = params, generator
@@ -91,8 +93,11 @@ class GeneralDecoder:
         done = torch.isin(token, stops) | (budgets <= 1)
         position = positions[:, -1]
         for count in range(2, int(budgets.max()) + 1):
-            if bool(done.all()):
+            finished = int(done.sum())
+            if finished == len(jobs):
                 break
+            self.row_steps += len(jobs)  # finished rows are computed until the batch ends
+            self.active_row_steps += len(jobs) - finished
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             position = position + 1
             out = self.lm(input_ids=token[:, None], attention_mask=mask,

@@ -192,6 +192,7 @@ class Run:
         # At the previous step's report: wall clock, tokens sampled, seconds decoding. A step's
         # figures run from report to report, so time spent sampling ahead is counted too.
         self._reported_at, self._tokens_at, self._decoding_at = time.monotonic(), 0, 0.0
+        self._decoder_at = self._decoder_counters()
         self._terminated = asyncio.Event()  # set by SIGTERM, on rank 0's loop
         self._failing_steps = 0  # in a row: more than maxFailedEpisodeFraction failed
         self._failed_any = False
@@ -302,6 +303,7 @@ class Run:
         serving = asyncio.create_task(server.serve(stop))
         self._reported_at = time.monotonic()
         self._tokens_at, self._decoding_at = service.tokens, service.decode_seconds
+        self._decoder_at = self._decoder_counters()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminated.set)
         try:
             yield orchestrator, progress
@@ -413,6 +415,7 @@ class Run:
             "rolloutWaitSeconds": round(rollouts.waited_seconds, 3),
             "updateSeconds": round(update_s, 3),
             "decodeSeconds": round(decode_s, 3),
+            **self._decoder_since_last_report(),
             "failedEpisodes": rollouts.counts.failed,
         }
         self.state.history.append({
@@ -480,6 +483,23 @@ class Run:
         since = (now - self._reported_at, tokens - self._tokens_at, decoding - self._decoding_at)
         self._reported_at, self._tokens_at, self._decoding_at = now, tokens, decoding
         return since
+
+    def _decoder_counters(self) -> tuple[int, int, int, int]:
+        d = self.service.decoder
+        return d.prefilled_tokens, d.reused_tokens, d.row_steps, d.active_row_steps
+
+    def _decoder_since_last_report(self) -> dict[str, float | None]:
+        """Since the previous step's report, how well the decoder used its work: the share of
+        prompt tokens served from cached prefixes (`prefixReuse`), and the share of the rows its
+        decode steps computed that were still generating (`decodeRowOccupancy`; the rest are
+        idle rows below the highest busy one, computed for nothing)."""
+        now = self._decoder_counters()
+        prefilled, reused, rows, active = (a - b for a, b in zip(now, self._decoder_at,
+                                                                  strict=True))
+        self._decoder_at = now
+        return {"prefixReuse": round(reused / (prefilled + reused), 4) if prefilled + reused
+                else None,
+                "decodeRowOccupancy": round(active / rows, 4) if rows else None}
 
     async def _checkpoint(self, progress: Progress) -> None:
         self.state.optimizer = self.optimizer.state_dict()

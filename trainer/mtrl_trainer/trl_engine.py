@@ -311,7 +311,8 @@ class TrlRun(Run):
             episode_error=most_frequent(rollouts.errors),
             training={"engine": "trl", "stepSeconds": round(step_s, 3),
                       "completionTokens": tokens_sampled, "rolloutSeconds": round(seconds, 3),
-                      "decodeSeconds": round(decode_s, 3), "failedEpisodes": rollouts.counts.failed,
+                      "decodeSeconds": round(decode_s, 3), **self._decoder_since_last_report(),
+                      "failedEpisodes": rollouts.counts.failed,
                       **{f"trl/{k}": v for k, v in logs.items()}},
         ))
         self._on_loop(self._close_step(self._progress))
