@@ -395,10 +395,11 @@ def trl_side(shape: dict[str, Any], args: argparse.Namespace, device: torch.devi
     )
     error = None
     failure: Exception | None = None
+    caught: list[warnings.WarningMessage] = []
     with contextlib.ExitStack() as stack:
-        caught = stack.enter_context(warnings.catch_warnings(record=True))
-        warnings.simplefilter("always")
-        if anomaly:
+        if anomaly:  # its forward traceback comes as a warning: keep it (else they print)
+            caught = stack.enter_context(warnings.catch_warnings(record=True))
+            warnings.simplefilter("always")
             stack.enter_context(torch.autograd.detect_anomaly(check_nan=True))
         try:
             trainer.train()
