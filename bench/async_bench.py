@@ -96,6 +96,7 @@ def summary(metrics: list[dict[str, Any]]) -> dict[str, Any]:
         # the rows each decode step computed, those still generating (means over steps).
         "reuse": mean_of(steady, "prefixReuse"),
         "occupancy": mean_of(steady, "decodeRowOccupancy"),
+        "gap": mean_of(steady, "logprobGap"),
         "first": (rewards[0] + rewards[1]) / 2,
         "last": (rewards[-2] + rewards[-1]) / 2,
         "lag": max(m["trainedPolicyVersion"] - m["oldestPolicyVersion"] for m in metrics),
@@ -135,8 +136,9 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
     print("| maxStepsOffPolicy | s/step (mean) | s/step (median) | steps/hour | vs sync | "
           "trainer busy | updating | idle (s/step) | episodes: publish -> last result, steps "
           "that waited (s) | ceiling at this depth (of it) | prefix reuse | decode row "
-          "occupancy | reward first 2 -> last 2 steps | max lag trained | stale |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "occupancy | trainer - sampler logprob | reward first 2 -> last 2 steps | max lag "
+          "trained | stale |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for bound, r in results.items():
         speedup, most = base["mean_s"] / r["mean_s"], ceiling(base, bound)
         print(f"| {bound} | {r['mean_s']:.2f} | {r['median_s']:.2f} | {3600 / r['mean_s']:,.0f} "
@@ -145,6 +147,7 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
               f"| {'-' if r['episodes_s'] is None else format(r['episodes_s'], '.2f')} "
               f"| {'-' if most is None else f'{most:.2f}x ({speedup / most:.0%})'} "
               f"| {percent(r['reuse'])} | {percent(r['occupancy'])} "
+              f"| {'-' if r['gap'] is None else format(r['gap'], '.1e')} "
               f"| {r['first']:.3f} -> {r['last']:.3f} | {r['lag']} | {r['stale']} |")
     print(f"\n> At {latency_ms} ms the synchronous trainer is busy {base['busy']:.0%} of a step "
           f"(sampling or updating): hiding all environment time at its sampling speed would "
@@ -159,7 +162,9 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
           "of prompt tokens the decoder took from cached prefixes (an update drops them); decode "
           "row occupancy: the share of the rows its decode steps "
           "computed that were still generating (idle rows below the highest busy one are "
-          "computed too).")
+          "computed too). Trainer - sampler logprob: the mean |difference| per trained token "
+          "before the update (metrics.jsonl's logprobGap): numerical alone when synchronous, "
+          "the policy's lag too when played ahead.")
 
 
 if __name__ == "__main__":

@@ -148,6 +148,35 @@ def test_busy_rows_stay_below_parked_prefixes() -> None:
     assert (general.row_steps, general.active_row_steps) == (14, 8)
 
 
+def test_parked_prefixes_move_down_and_the_least_recently_used_is_evicted() -> None:
+    """A prefix comes down to a free low row for its next turn (moved, not swapped); with every
+    row taken, a new episode evicts the least recently used prefix and keeps the others."""
+    model = tiny("qwen2")
+
+    def next_turn(before: list[int], out: Any) -> list[int]:
+        return before + out.token_ids + [44, 45]
+
+    decoder = FastDecoder(model, rows=4, max_length=96, sync_every=4)
+    [a] = decoder.generate([PROMPTS[0]], [6], GREEDY, keys=["a"])  # row 0
+    [b] = decoder.generate([PROMPTS[1]], [6], GREEDY, keys=["b"])  # row 0; a moves up to row 3
+    prompts = [next_turn(PROMPTS[1], b), next_turn(PROMPTS[0], a)]
+    turns = decoder.generate(prompts, [6, 6], GREEDY, keys=["b", "a"])  # b stays, a to row 1
+    assert [t.reused_tokens for t in turns] == [len(p) - 3 for p in prompts]
+    assert_matches(model, turns, prompts, [6, 6])
+
+    decoder = FastDecoder(model, rows=2, max_length=96, sync_every=4)
+    [a] = decoder.generate([PROMPTS[0]], [6], GREEDY, keys=["a"])
+    [b] = decoder.generate([PROMPTS[1]], [6], GREEDY, keys=["b"])
+    decoder.generate([PROMPTS[2]], [6], GREEDY, keys=["c"])  # evicts a, the oldest
+    prompts = [next_turn(PROMPTS[1], b), next_turn(PROMPTS[0], a)]
+    [b2] = decoder.generate(prompts[:1], [6], GREEDY, keys=["b"])
+    [a2] = decoder.generate(prompts[1:], [6], GREEDY, keys=["a"])  # evicts c, not b (used since)
+    assert (b2.reused_tokens, a2.reused_tokens) == (len(prompts[0]) - 3, 0)
+    assert_matches(model, [b2, a2], prompts, [6, 6])
+    [b3] = decoder.generate([next_turn(prompts[0], b2)], [6], GREEDY, keys=["b"])
+    assert b3.reused_tokens == len(prompts[0]) + len(b2.token_ids) - 1
+
+
 def test_sampling_draws_from_the_tempered_distribution() -> None:
     """At temperature 0.7 the reported logprob is log softmax(logits / 0.7) of the drawn token."""
     model = tiny("qwen3")

@@ -122,3 +122,5 @@ def test_the_trainer_steps_checkpoints_and_resumes_with_the_packaged_model(
     metrics = training_run.metrics(_spec(training_run.bucket, 2))
     assert all(0 < m["prefixReuse"] < 1 and 0 < m["decodeRowOccupancy"] <= 1
                for m in metrics), metrics
+    # ... from the right keys: the second turn's logprobs are the trainer's (fp32).
+    assert all(m["logprobGap"] < 1e-3 for m in metrics), metrics

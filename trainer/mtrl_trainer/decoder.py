@@ -51,7 +51,7 @@ MOE_TYPES = frozenset({"qwen3_moe", "mixtral", "gpt_oss"})
 CONFIG_WINDOW_TYPES = frozenset({"mistral", "mixtral"})
 MIN_ROWS = 8  # decode-step batch sizes are powers of two from here: few distinct graphs
 MIN_SPAN = 64  # attended cache length, likewise
-CACHE_SLACK = 16  # cache positions never attended (see _allocate)
+CACHE_SLACK = 16  # cache positions never attended (see _allocate and _forward)
 MAX_STOPS = 16
 
 
@@ -84,6 +84,17 @@ def fast_path_problem(lm: nn.Module) -> str | None:
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
+
+
+def _capacity(max_length: int, offset: int) -> int:
+    """The positions a row can attend: `offset` sink slots and `max_length` tokens, to 16."""
+    return _round_up(max_length + offset, 16)
+
+
+def cache_length(max_length: int, offset: int = 1) -> int:
+    """Positions per row in the KV cache: its capacity and CACHE_SLACK (see _allocate). The
+    default offset counts a sink slot, so without `offset` this is the most a row can take."""
+    return _capacity(max_length, offset) + CACHE_SLACK
 
 
 def _bucket(value: int, floor: int, cap: int) -> int:
@@ -158,7 +169,7 @@ class FastDecoder:
         self.dtype = self.embed.weight.dtype
         self.rows = rows
         self.max_length = max_length
-        self.capacity = _round_up(max_length + self.offset, 16)
+        self.capacity = _capacity(max_length, self.offset)
         self.sync_every = sync_every
         self.continuous = continuous
         self.reuse_prefix = reuse_prefix
@@ -189,7 +200,7 @@ class FastDecoder:
         # CACHE_SLACK positions past the largest span: a span of the cache's whole length
         # would be a slice that is the whole tensor, which the compiler specialises on, so the
         # first episode to reach it would recompile the step (bench/decoder_recompiles.py).
-        shape = (rows, self.kv_heads, self.capacity + CACHE_SLACK, self.head_dim)
+        shape = (rows, self.kv_heads, cache_length(self.max_length, self.offset), self.head_dim)
         # Zeros matter only at the sink slot (index 0): a zero key and value.
         self._keys = [torch.zeros(shape, dtype=self.dtype, device=dev) for _ in self.layers]
         self._values = [torch.zeros(shape, dtype=self.dtype, device=dev) for _ in self.layers]
@@ -289,13 +300,17 @@ class FastDecoder:
 
     def _forward(
         self, tokens: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, span: int,
-        decode_rows: int | None,
+        decode_rows: int | None, idle: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Hidden states [b, t, H] (before the final norm); writes K and V of every token."""
-        write = (positions + self.offset).clamp(max=self.capacity - 1)
+        """Hidden states [b, t, H] (before the final norm); writes K and V of every token, those
+        of `idle` rows (decode steps compute rows that are not generating) into the slack."""
+        query = (positions + self.offset).clamp(max=self.capacity - 1)
+        # An idle row may hold a parked prefix, moved there with none of its per-row state:
+        # written at its stale position, it would overwrite one of the prefix's keys.
+        write = query if idle is None else torch.where(idle[:, None], self.capacity, query)
         hidden = self.embed(tokens)
         cos_sin = self.rotary(hidden, positions)
-        masks = self._masks(write, span)
+        masks = self._masks(query, span)
         for index, layer in enumerate(self.layers):
             hidden = hidden + self._attention(
                 index, layer.input_layernorm(hidden), cos_sin, rows, write, span, decode_rows,
@@ -305,13 +320,14 @@ class FastDecoder:
         return hidden
 
     def _decode_step(self, n: int, span: int, temperature: float, top_p: float) -> None:
-        """One token for the first `n` rows; rows that are not active keep their state."""
+        """One token for the first `n` rows; rows that are not active keep their state and
+        their cached keys and values."""
         rows = torch.arange(n, device=self._token.device)
         token, pos = self._token[:n], self._pos[:n]
-        hidden = self._forward(token[:, None], pos[:, None], rows, span, n)
+        active, count = self._active[:n], self._count[:n]
+        hidden = self._forward(token[:, None], pos[:, None], rows, span, n, idle=~active)
         logits = self.head(self.norm(hidden[:, -1]))
         new, logprob = sample_next(logits, self._noise[:n], temperature, top_p)
-        active, count = self._active[:n], self._count[:n]
         slot = count.clamp(max=self.max_length - 1)
         self._out_tokens[rows, slot] = torch.where(active, new, self._out_tokens[rows, slot])
         self._out_logprobs[rows, slot] = torch.where(active, logprob, self._out_logprobs[rows, slot])
@@ -340,7 +356,9 @@ class FastDecoder:
             own = next((i for i, row in enumerate(self._slots)
                         if row is not None and row.job is None and row.key == job.key), None)
         if own is not None:
-            if own != low:
+            if self._slots[low] is None:
+                self._move(own, low)
+            elif own != low:
                 self._swap(own, low)
             row = self._slots[low]
             assert row is not None
@@ -350,22 +368,28 @@ class FastDecoder:
         if self._slots[low] is not None:
             free = [i for i, row in enumerate(self._slots) if row is None]
             if free:
-                self._swap(low, free[-1])
+                target = free[-1]
             else:
-                _, oldest = min((row.last_used, i) for i, row in enumerate(self._slots)
+                _, target = min((row.last_used, i) for i, row in enumerate(self._slots)
                                 if row is not None and row.job is None)
-                if oldest != low:
-                    self._swap(low, oldest)
-            self._slots[low] = None  # now a free row's, or the oldest prefix, evicted
+            if target != low:
+                self._move(low, target)  # onto a free row, or over the oldest prefix
+            self._slots[low] = None
         return low, 0
 
     def _swap(self, a: int, b: int) -> None:
-        """Exchange two rows that are not decoding: their cached keys and values and slots."""
+        """Exchange two parked rows: their cached keys and values and slots."""
         for cache in (*self._keys, *self._values):
             held = cache[a].clone()
             cache[a].copy_(cache[b])
             cache[b].copy_(held)
         self._slots[a], self._slots[b] = self._slots[b], self._slots[a]
+
+    def _move(self, source: int, target: int) -> None:
+        """Put a parked row's keys, values and slot at `target`, whose own are dropped."""
+        for cache in (*self._keys, *self._values):
+            cache[target].copy_(cache[source])
+        self._slots[target], self._slots[source] = self._slots[source], None
 
     def _admit(self) -> None:
         if not self.continuous and any(r is not None and r.job is not None for r in self._slots):

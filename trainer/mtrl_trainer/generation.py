@@ -37,7 +37,7 @@ from mtrl_rollout.protocol import (
     GenerateResponse,
     TokenLogprob,
 )
-from mtrl_trainer.decoder import CACHE_SLACK
+from mtrl_trainer.decoder import cache_length
 from mtrl_trainer.decoders import Decoder, make_decoder
 from mtrl_trainer.models import Policy
 from mtrl_trainer.sampling import Job, Sampled, SamplingParams
@@ -65,9 +65,7 @@ def rows_that_fit(model: torch.nn.Module, max_length: int, most: int) -> int:
     head_dim = int(getattr(config, "head_dim", None)
                    or config.hidden_size // config.num_attention_heads)
     weight = next(model.parameters())
-    # The decoder's cache length: the capacity (max_length rounded up to 16) and its slack.
-    per_row = (2 * layers * kv_heads * head_dim * (max_length + 16 + CACHE_SLACK)
-               * weight.element_size())
+    per_row = 2 * layers * kv_heads * head_dim * cache_length(max_length) * weight.element_size()
     if weight.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(weight.device)
         budget = int(free * GPU_KV_CACHE_FRACTION)

@@ -409,6 +409,9 @@ class Run:
             "samplingRounds": rounds,
             "sampledGroups": groups,
             "trainedGroups": prepared.trained_groups,
+            # Mean |trainer - sampler logprob| per trained token before the update: near 0 in
+            # fp32, bf16 kernels add some; more says the sampler decoded from other keys.
+            "logprobGap": float(f"{stats.logprob_gap:.3g}") if stats else None,
             "isWeightMean": stats.is_weight_mean if stats else None,
             "isTruncatedFraction": stats.is_truncated_fraction if stats else None,
             "rolloutSeconds": round(rollouts.seconds, 3),
