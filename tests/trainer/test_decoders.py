@@ -177,6 +177,18 @@ def test_parked_prefixes_move_down_and_the_least_recently_used_is_evicted() -> N
     assert b3.reused_tokens == len(prompts[0]) + len(b2.token_ids) - 1
 
 
+def test_decoding_stops_with_the_budget_not_the_sync_period() -> None:
+    """Rows are handed back every `sync_every` steps, or sooner where a budget ends (at half the
+    period at the least): a 12-token completion takes 11 decode steps (prefill samples the
+    first) in a pump of 8 and one of 4, not two of 8; one of 9 tokens takes exactly 8."""
+    model = tiny("qwen2")
+    for budget, steps in ((12, 12), (9, 8), (3, 4)):
+        decoder = FastDecoder(model, rows=2, max_length=64, sync_every=8)
+        outs = decoder.generate(PROMPTS[:1], [budget], GREEDY)
+        assert decoder.steps == steps
+        assert_matches(model, outs, PROMPTS[:1], [budget])
+
+
 def test_sampling_draws_from_the_tempered_distribution() -> None:
     """At temperature 0.7 the reported logprob is log softmax(logits / 0.7) of the drawn token."""
     model = tiny("qwen3")

@@ -11,8 +11,11 @@ at the rows only every `sync_every` steps.
 - **Slots.** The cache has `rows` rows; a row's cache index is its token's position (plus one
   leading zero slot for attention sinks), so rows of different lengths decode side by side
   without padding, and a row's keys are valid below its position.
-- **Continuous batching.** Between groups of `sync_every` steps, finished rows are returned and
-  waiting jobs are prefilled into free rows; a batch never waits for its longest member.
+- **Continuous batching.** Between groups of up to `sync_every` steps, finished rows are
+  returned and waiting jobs are prefilled into free rows; a batch never waits for its longest
+  member. A group ends early (at `sync_every // 2` steps at the least, so at most twice as many
+  host syncs) where a row reaches its token budget: a finished row neither waits for the group's
+  end to be answered nor holds its place from a waiting job.
 - **Prefix reuse.** A finished row is parked under its job's key (the episode): the next turn
   of that episode, whose prompt extends the previous prompt and completion, prefills only the
   new tokens. Parked rows are evicted least recently used, and all of them are dropped when the
@@ -445,33 +448,37 @@ class FastDecoder:
 
     @torch.inference_mode()
     def pump(self, admit: bool = True) -> None:
-        """Admit waiting jobs (unless told not to), decode up to `sync_every` steps, hand back
-        finished rows."""
+        """Admit waiting jobs (unless told not to), decode up to `sync_every` steps (fewer where
+        a row's budget ends sooner), hand back finished rows."""
         if admit:
             self._admit()
         active = [i for i, r in enumerate(self._slots) if r is not None and r.job is not None]
         if not active:
             return
         n = _bucket(max(active) + 1, MIN_ROWS, self.rows)
+        rows = [row for i in active if (row := self._slots[i]) is not None and row.job]
+        # Decode steps left before the first row's budget runs out (prefill sampled one token).
+        fewest = min(r.job.budget - 1 - (r.upper_pos - r.prompt_len) for r in rows if r.job)
+        steps = min(self.sync_every, max(self.sync_every // 2, fewest, 1))
         # A step computes rows 0..n-1, idle ones too (counted at the pump's start: reading
         # which rows finish within it would wait for the device).
-        self.row_steps += n * self.sync_every
-        self.active_row_steps += len(active) * self.sync_every
-        highest = max(self._slots[i].upper_pos for i in active)  # type: ignore[union-attr]
-        span = _bucket(highest + self.offset + self.sync_every + 1, MIN_SPAN, self.capacity)
+        self.row_steps += n * steps
+        self.active_row_steps += len(active) * steps
+        highest = max(r.upper_pos for r in rows)
+        span = _bucket(highest + self.offset + steps + 1, MIN_SPAN, self.capacity)
         temperature, top_p = self.params.temperature, self.params.top_p
-        for _ in range(self.sync_every):
+        for _ in range(steps):
             if temperature > 0:
                 self._noise[:n].uniform_(1e-10, 1 - 1e-7, generator=self.generator)
             self._step(n, span, temperature, top_p)
             self.steps += 1
-        self._harvest(active)
+        self._harvest(active, steps)
 
-    def _harvest(self, active: list[int]) -> None:
+    def _harvest(self, active: list[int], steps: int) -> None:
         still = self._active[: max(active) + 1].tolist()
         done = [i for i in active if not still[i]]
         for i in active:
-            self._slots[i].upper_pos += self.sync_every  # type: ignore[union-attr]
+            self._slots[i].upper_pos += steps  # type: ignore[union-attr]
         if not done:
             return
         index = torch.tensor(done, device=self.device)
