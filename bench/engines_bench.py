@@ -84,6 +84,7 @@ def main(args: argparse.Namespace) -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="engines-bench-") as tmp:
         logs = Path(args.logs or tmp)
+        logs.mkdir(parents=True, exist_ok=True)
         for key in args.runs:
             label, engine, grpo = RUNS[key]
             started = time.monotonic()
