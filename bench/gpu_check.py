@@ -16,10 +16,14 @@ one (a run cut short keeps what it measured):
    device copy; on GPU also against the nominal 4.3 TB/s of an H200);
 6. the clip fraction and the mean |trainer - sampler logprob| at step 1: how well sampler and
    trainer agree in bf16.
-TRL's chunked log-prob kernel is also compared with `log_softmax` on its own, and if TRL's losses
-or gradient norms are not finite, TRL takes one more step under autograd's anomaly detection,
-which names the first backward function to return NaN and the forward code that made it (the dry
-run always does, to exercise that path); see docs/trainer.md.
+Both sides train without cuDNN's attention kernel (`update.training_attention`: its backward
+makes NaN query gradients on H100/H200 for left-padded batches, pytorch/pytorch#196678), whose
+bug is reproduced on its own, cuDNN against the memory-efficient kernel. TRL's chunked log-prob
+kernel is also compared with `log_softmax` on its own; if TRL's losses or gradient norms are not
+finite, TRL takes one more step under autograd's anomaly detection, which names the first
+backward function to return NaN and the forward code that made it; and on a GPU TRL's step 1
+runs once more with torch's default kernels (cuDNN's attention), under anomaly detection too
+(the dry run takes both tries, to exercise them); see docs/trainer.md.
 
 Needs torch, transformers and peft only (plus trl and datasets for the TRL side, carried as
 wheels: `bench/gpu_check.sh`); no pydantic, boto3 or mlflow. `--tiny` runs the same code on a tiny
@@ -63,7 +67,12 @@ from mtrl_trainer.decoder import FastDecoder  # noqa: E402
 from mtrl_trainer.grpo import group_advantages  # noqa: E402
 from mtrl_trainer.logprobs import SequenceLogprobs  # noqa: E402
 from mtrl_trainer.sampling import SamplingParams  # noqa: E402
-from mtrl_trainer.update import UpdateConfig, lora_parameters, train_step  # noqa: E402
+from mtrl_trainer.update import (  # noqa: E402
+    UpdateConfig,
+    lora_parameters,
+    train_step,
+    training_attention,
+)
 
 QWEN2_05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
              "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
@@ -320,7 +329,8 @@ def nan_origin(error: BaseException | None, caught: list[warnings.WarningMessage
 
 
 def trl_in_child(shape: dict[str, Any], args: argparse.Namespace, device: torch.device,
-                 dtype: torch.dtype, anomaly: bool = False) -> dict[str, Any]:
+                 dtype: torch.dtype, anomaly: bool = False,
+                 cudnn: bool = False) -> dict[str, Any]:
     """`trl_side` in a fresh process: on the GPU TRL's step 2 was seen to die in a CUDA
     device-side assert (GUIDE), which leaves that process's CUDA context unusable; a child keeps
     the check and TRL's second try (anomaly detection) on a clean one."""
@@ -330,16 +340,18 @@ def trl_in_child(shape: dict[str, Any], args: argparse.Namespace, device: torch.
     with concurrent.futures.ProcessPoolExecutor(
             1, mp_context=multiprocessing.get_context("spawn")) as pool:
         try:
-            return pool.submit(trl_side, shape, args, device, dtype, anomaly).result()
+            return pool.submit(trl_side, shape, args, device, dtype, anomaly, cudnn).result()
         except Exception as exc:  # the child died (BrokenProcessPool) or could not send back
             return {"error": f"TRL's process: {type(exc).__name__}: {exc}"[:500],
                     "finite": False}
 
 
 def trl_side(shape: dict[str, Any], args: argparse.Namespace, device: torch.device,
-             dtype: torch.dtype, anomaly: bool = False) -> dict[str, Any]:
+             dtype: torch.dtype, anomaly: bool = False, cudnn: bool = False) -> dict[str, Any]:
     """TRL's GRPOTrainer (HF generate, no vLLM) on the same weights, prompts and batch layout;
-    with `anomaly`, one step under autograd's anomaly detection, and where its NaN came from."""
+    with `anomaly`, one step under autograd's anomaly detection, and where its NaN came from.
+    Its attention runs without cuDNN's kernel, as `engine: trl` trains
+    (update.training_attention; here its generation too), unless `cudnn` (torch's default)."""
     try:
         import trl
         from datasets import Dataset
@@ -397,6 +409,8 @@ def trl_side(shape: dict[str, Any], args: argparse.Namespace, device: torch.devi
     failure: Exception | None = None
     caught: list[warnings.WarningMessage] = []
     with contextlib.ExitStack() as stack:
+        if not cudnn:
+            stack.enter_context(training_attention())
         if anomaly:  # its forward traceback comes as a warning: keep it (else they print)
             caught = stack.enter_context(warnings.catch_warnings(record=True))
             warnings.simplefilter("always")
@@ -409,7 +423,8 @@ def trl_side(shape: dict[str, Any], args: argparse.Namespace, device: torch.devi
     lengths = [entry.get("completions/mean_length", args.new_tokens) for entry in logged]
     tokens = sum(lengths[args.warmup:]) * args.completions if len(lengths) > args.warmup else 0
     out: dict[str, Any] = {
-        "trl_version": trl.__version__, "weights_checksum": weights, "steps_s": times,
+        "trl_version": trl.__version__, "cudnn_attention": cudnn,
+        "weights_checksum": weights, "steps_s": times,
         "logs": logged, "error": error,
         "finite": bool(logged) and all(math.isfinite(e.get("loss", math.nan))
                                        and math.isfinite(e.get("grad_norm", math.nan))
@@ -455,6 +470,50 @@ def trl_logprob_kernel(shape: dict[str, Any], args: argparse.Namespace, device: 
         "max_abs_value_diff": float((fused.detach().float() - ref.detach()).abs().max()),
         "max_abs_grad_diff": float((fused_in.grad.float() - ref_in.grad.float()).abs().max()),
     }
+
+
+def cudnn_attention_check(device: torch.device) -> dict[str, Any]:
+    """cuDNN's attention backward against the memory-efficient kernel's on the inputs of
+    pytorch/pytorch#196678 (NaN query gradients on H100/H200 from torch 2.11 with an explicit
+    mask, a length 64 past a multiple of 128 and a query row of very low logsumexp): a batch
+    shaped like TRL's (prompts left-padded, so their first rows are fully masked, 256-token
+    completions) at 448 and 384 positions, and the issue's own case (every logit near -120)
+    at 704 and 640. Non-finite query-gradient elements per kernel (math: the reference); CUDA
+    only."""
+    if device.type != "cuda":
+        return {"skipped": "needs CUDA"}
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def case(length: int, low_logits: bool) -> dict[str, Any]:
+        gen = torch.Generator(device).manual_seed(0)
+        dim, pad = 64, 64
+        q, k, v = (torch.randn(2, 2, length, dim, generator=gen, device=device) for _ in range(3))
+        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        mask = causal[None, None].repeat(2, 1, 1, 1)
+        if low_logits:
+            q, k = q * 0.1, k * 0.1
+            q[..., 0], k[..., 0] = 1.0, -120 * math.sqrt(dim)
+        else:  # the second sequence's prompt is `pad` tokens shorter: left padding
+            mask[1, :, :, :pad] = False
+        out: dict[str, Any] = {}
+        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
+                              ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+                              ("math", SDPBackend.MATH)):
+            leaf = q.to(torch.bfloat16).requires_grad_()
+            try:
+                with sdpa_kernel([backend]):
+                    o = F.scaled_dot_product_attention(leaf, k.to(torch.bfloat16),
+                                                       v.to(torch.bfloat16), attn_mask=mask)
+                o.float().backward(torch.randn(o.shape, generator=gen, device=device))
+                assert leaf.grad is not None
+                out[name] = int((~torch.isfinite(leaf.grad)).sum())
+            except RuntimeError as exc:  # no such kernel for these inputs, or here
+                out[name] = "no kernel" if "backend" in str(exc) or "kernel" in str(exc) \
+                    else f"{type(exc).__name__}: {exc}"[:160]
+        return out
+
+    return {"left_padding_448": case(448, False), "left_padding_384": case(384, False),
+            "low_logits_704": case(704, True), "low_logits_640": case(640, True)}
 
 
 # ---------------------------------------------------------------------- 5. decode bound
@@ -558,12 +617,20 @@ def markdown(report: dict[str, Any]) -> str:
             f"{k['positions']} positions: values / grads finite, max \\|Δ\\| value / grad", "-",
             f"{fmt(k['values_finite'])} / {fmt(k['grads_finite'])}, "
             f"{k['max_abs_value_diff']:.1e} / {k['max_abs_grad_diff']:.1e}")
-    origin = report.get("trl_anomaly", {}).get("nan_origin")
-    if origin:
-        row("4", "TRL's step 1 under anomaly detection: the first backward function to return "
-            "NaN; its forward call", "-",
-            f"{origin['backward_function'] or 'none'}; "
-            f"{' < '.join(reversed(origin['forward_frames'][-3:])) or '-'}")
+    for key, kernels in (("trl_anomaly", "without cuDNN's attention"),
+                         ("trl_cudnn", "with torch's default attention kernels")):
+        tried = report.get(key, {})
+        if origin := tried.get("nan_origin"):
+            norm = fmt(tried["logs"][0].get("grad_norm"), ".4g") if tried.get("logs") else "-"
+            row("4", f"TRL's step 1 {kernels}, under anomaly detection: grad norm; the first "
+                "backward function to return NaN; its forward call", "-",
+                f"{norm}; {origin['backward_function'] or 'none'}; "
+                f"{' < '.join(reversed(origin['forward_frames'][-3:])) or '-'}")
+    cudnn = report.get("cudnn_attention", {})
+    for case, counts in cudnn.items() if "skipped" not in cudnn else ():
+        row("4", f"pytorch#196678 ({case.replace('_', ' ')} positions): non-finite query "
+            "gradients, cuDNN / memory-efficient / math attention",
+            " / ".join(fmt(counts[k], ",") for k in ("cudnn", "efficient", "math")))
     if "project_imported" in report:
         lines += ["", "> pydantic, boto3 and mlflow were unimportable (as on the GPU machine); "
                   "mtrl_operator / mtrl_rollout imported: "
@@ -644,14 +711,19 @@ def main() -> int:
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
+    stage("cudnn_attention", cudnn_attention_check(device))
     stage("trl", {"skipped": "--no-trl"} if args.no_trl
           else trl_in_child(shape, args, device, dtype))
     if not args.no_trl and "skipped" not in report["trl"]:
         stage("trl_kernel", trl_logprob_kernel(shape, args, device, dtype))
         # Non-finite on the GPU: its step 1 once more, under anomaly detection (the dry run
-        # takes this path always, so it is exercised before the GPU needs it).
+        # takes these paths always, so they are exercised before the GPU needs them).
         if not report["trl"]["finite"] or args.tiny:
             stage("trl_anomaly", trl_in_child(shape, args, device, dtype, anomaly=True))
+        # With torch's default kernels (cuDNN's attention on an H200), as TRL runs by itself.
+        if device.type == "cuda" or args.tiny:
+            stage("trl_cudnn", trl_in_child(shape, args, device, dtype, anomaly=True,
+                                            cudnn=True))
     print(markdown(report))
     return 0
 

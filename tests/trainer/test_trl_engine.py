@@ -4,6 +4,7 @@ the real worker plays, and reports as the reference trainer does."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -134,6 +135,37 @@ def test_trl_stops_before_an_optimizer_step_whose_gradient_is_not_finite() -> No
     model.weight.grad[1, 2] = float("inf")
     with pytest.raises(Diverged, match=r"^training diverged: the gradient norm of step 5/9 is inf"):
         reports.on_pre_optimizer_step(None, None, control)
+
+
+def test_trl_trains_without_cudnn_attention_and_the_policy_server_samples_with_it() -> None:
+    """cuDNN's attention backward makes NaN query gradients from left padding on an H200
+    (update.training_attention): between a rollout and the next, while TRL trains, the
+    process's attention has no cuDNN kernel and the policy server is paused; sampling again
+    restores both."""
+    import contextlib
+    import threading
+
+    import torch
+
+    paused: list[bool] = []
+
+    @contextlib.contextmanager
+    def pause() -> Any:
+        paused.append(True)
+        yield
+        paused.pop()
+
+    model = torch.nn.Linear(2, 2).eval()
+    run = SimpleNamespace(
+        _pause=contextlib.ExitStack(), model_lock=threading.Lock(),
+        policy=SimpleNamespace(model=model), state=SimpleNamespace(step=3),
+        service=SimpleNamespace(paused=pause, update_policy=lambda version: None))
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    TrlRun._train_next(run)  # type: ignore[arg-type]
+    assert not torch.backends.cuda.cudnn_sdp_enabled() and paused and model.training
+    assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    TrlRun._sample_again(run)  # type: ignore[arg-type]
+    assert torch.backends.cuda.cudnn_sdp_enabled() and not paused
 
 
 @pytest.mark.slow

@@ -137,6 +137,25 @@ def test_a_step_whose_gradient_is_not_finite_stops_before_it_updates() -> None:
                for a, b in zip(trainable, before, strict=True))
 
 
+def test_the_update_differentiates_attention_without_cudnn_s_kernel() -> None:
+    """cuDNN's attention backward returns NaN query gradients on H100/H200 for some masked
+    batches (update.training_attention): the forward passes a step differentiates run with
+    cuDNN's kernel off, and it is on again for the decoder after."""
+    p = policy()
+    rows = build_rows([two_turn_result(p)], [1.0], loss_type="dapo", max_completion_length=12,
+                      max_sequence_length=512, micro_batches=1)
+    scorer = SequenceLogprobs(p.model)
+    seen: list[bool] = []
+    scorer.register_forward_pre_hook(
+        lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    optimizer = torch.optim.AdamW([q for q in p.model.parameters() if q.requires_grad], lr=0.1)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    stats = train_step(scorer, optimizer, rows, config(), pad_token_id=0, device=CPU)
+    assert math.isfinite(stats.grad_norm)
+    assert seen and not any(seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
 def test_kl_is_zero_with_adapter_disabled_reference_of_an_untrained_adapter() -> None:
     fresh = policy(perturb=False)  # LoRA B = 0: the policy is its own reference
     rows = build_rows([two_turn_result(fresh)], [1.0], loss_type="dapo",

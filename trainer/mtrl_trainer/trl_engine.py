@@ -47,7 +47,7 @@ from mtrl_trainer.orchestration import Pending, Rollouts
 from mtrl_trainer.progress import ProgressReport
 from mtrl_trainer.stats import components, mean_std, success_rate
 from mtrl_trainer.tokenizer import CharChatTokenizer, HFChatTokenizer
-from mtrl_trainer.update import MAX_GRAD_NORM, check_finite
+from mtrl_trainer.update import MAX_GRAD_NORM, check_finite, training_attention
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -249,6 +249,14 @@ class TrlRun(Run):
         with self.model_lock:
             self.service.update_policy(self.state.step)
 
+    def _train_next(self) -> None:
+        """TRL trains next, until `_sample_again`: no straggler is sampled meanwhile, the model
+        is in train mode and attention runs without cuDNN's kernel (update.training_attention)."""
+        self._pause.enter_context(self.service.paused())
+        self._pause.enter_context(training_attention())
+        with self.model_lock:
+            self.policy.model.train()
+
     def _rollout(self, prompts: list[str], trainer: Any) -> dict[str, list[Any]]:
         """TRL's rollout_func: the workers play each prompt's task with the policy as it is."""
         grpo = self.config.spec.grpo
@@ -259,10 +267,7 @@ class TrlRun(Run):
             "s", self.state.step, tasks, grpo.group_size, self.state.step))
         rollouts = self._await(self._orchestrator.gather(pending, self.state.step))
         self._played = (rollouts, time.monotonic() - started)
-        # TRL trains next: no straggler is sampled meanwhile, and the model trains in train mode
-        self._pause.enter_context(self.service.paused())
-        with self.model_lock:
-            self.policy.model.train()
+        self._train_next()
         tok = self.policy.tokenizer
         return rollout_output(pending, rollouts, tok.pad_token_id, min(tok.stop_token_ids))
 

@@ -24,6 +24,7 @@ from dataclasses import astuple, dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from mtrl_api import DIVERGED_PREFIX
 from mtrl_trainer.batch import Row, pad, shard
@@ -31,6 +32,21 @@ from mtrl_trainer.decoder import causal_lm
 from mtrl_trainer.grpo import CorrectionMode, per_token_loss, rollout_correction_weights
 
 MAX_GRAD_NORM = 1.0  # TRL's default
+# Attention kernels a training forward may use: all but cuDNN's (see training_attention).
+TRAINING_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def training_attention() -> contextlib.AbstractContextManager[None]:
+    """Forward passes that will be differentiated run without cuDNN's attention (flash or
+    memory-efficient attention take its place; the decoder keeps it). cuDNN's is the default
+    on H100/H200 from torch 2.11, and its backward returns NaN query gradients for a batch
+    given an explicit attention mask whose length is 64 past a multiple of 128 and a query row
+    whose logsumexp is very low, as a fully masked row of left padding has
+    (pytorch/pytorch#196678, found through TRL's DPO: huggingface/trl#7181). TRL left-pads its
+    prompts; its step 1 on an H200 had a finite loss and a NaN gradient norm (BENCHMARKS.md).
+    The backend chosen in the forward is the one its backward runs. The flags are
+    process-wide: nothing may decode meanwhile (both engines pause the policy server)."""
+    return sdpa_kernel(TRAINING_ATTENTION)
 
 
 @dataclass(frozen=True)
@@ -164,8 +180,9 @@ def train_step(
     DDP has averaged the gradients, so every rank sees the same norm and stops alike."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    local = step_loss(model, rows, config, pad_token_id=pad_token_id, device=device,
-                      rank=rank, world_size=world_size)
+    with training_attention():
+        local = step_loss(model, rows, config, pad_token_id=pad_token_id, device=device,
+                          rank=rank, world_size=world_size)
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, MAX_GRAD_NORM))
     check_finite(grad_norm, step, total)
