@@ -151,6 +151,72 @@ async def test_failures_still_return_a_result_at_the_low_end() -> None:
     assert misrouted.stop_reason is StopReason.ERROR and "not 'wordle'" in misrouted.error
 
 
+class StallingGenerator(ScriptedGenerator):
+    """Answers its scripted replies, then never again; waits as PolicyClient does."""
+
+    async def generate(self, request, timeout_s):
+        if len(self.requests) < len(self.replies):
+            return await super().generate(request, timeout_s)
+        self.requests.append(request)
+        await asyncio.wait_for(asyncio.Event().wait(), timeout_s)
+        raise AssertionError("unreachable")
+
+
+def _stalling_session(request: RolloutRequest, *, generate_timeout_s: float, episode_s: float):
+    return EpisodeSession(
+        request,
+        StallingGenerator(["<guess>slate</guess>"]),
+        reply_queue_url="q",
+        max_turns=6,
+        generate_timeout_s=generate_timeout_s,
+        deadline=time.time() + episode_s,
+    )
+
+
+async def test_a_stalled_generation_is_told_apart_from_the_episode_s_own_timeout() -> None:
+    env = WordleEnvironment()
+    weights = resolve_weights(env.components, {})
+    request = _request(rewards={"range": [-1.0, 1.0]})
+    stalled = _stalling_session(request, generate_timeout_s=0.1, episode_s=30)
+    result = await run_episode(env, weights, request, stalled, max_turns=6, timeout_s=30)
+    assert result.stop_reason is StopReason.TIMEOUT and result.metric("episode_timeout") == 1.0
+    assert result.error == ("turn 1: no completion within 0.1s (MTRL_GENERATE_TIMEOUT_S); "
+                            "the trainer's sampler is slow or stopped")
+    assert result.aggregate_reward_score == -1.0 and len(result.trajectory) == 1
+
+    # The episode's deadline is the nearer limit: the generation's wait ends with it, and the
+    # episode is what timed out.
+    late = _stalling_session(request, generate_timeout_s=30, episode_s=0.2)
+    result = await run_episode(env, weights, request, late, max_turns=6, timeout_s=0.2)
+    assert result.stop_reason is StopReason.TIMEOUT and result.error == "episode exceeded 0.2s"
+
+
+async def test_the_proxy_answers_a_stalled_generation_with_504_and_the_reason() -> None:
+    proxy = PolicyProxy()
+    await proxy.start()
+    stalled = _stalling_session(_request(), generate_timeout_s=0.1, episode_s=30)
+    late = _stalling_session(_request(), generate_timeout_s=30, episode_s=0.2)
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}]}
+    errors = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            for session in (stalled, late):
+                proxy.register(session)
+                auth = {"Authorization": f"Bearer {session.api_key}"}
+                url = f"{session.openai_base_url}/chat/completions"
+                for _ in range(2):  # the scripted reply, then the stall
+                    async with http.post(url, json=body, headers=auth) as resp:
+                        status, reply = resp.status, await resp.json()
+                errors.append((status, reply["error"]["message"]))
+    finally:
+        await proxy.stop()
+    assert errors == [
+        (504, "turn 1: no completion within 0.1s (MTRL_GENERATE_TIMEOUT_S); "
+              "the trainer's sampler is slow or stopped"),
+        (504, "the episode's time limit ran out"),
+    ]
+
+
 async def test_a_full_episode_produces_a_trainable_trajectory() -> None:
     env = WordleEnvironment()
     session, _ = _session(["<guess>slate</guess>", "<guess>crane</guess>"])

@@ -18,6 +18,7 @@ from mtrl_worker.environments.base import (
     Policy,
 )
 from mtrl_worker.rewards import compose
+from mtrl_worker.session import GenerationTimeout
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,8 @@ async def run_episode(
         aggregate, metrics = compose(score, env.components, weights, request.rewards.range)
         if score.turn_rewards is not None and policy.turns:  # a dry run records no turns
             _attach_turn_rewards(policy.turns, score.turn_rewards)
+    except GenerationTimeout as exc:
+        stop, error = StopReason.TIMEOUT, str(exc)
     except TimeoutError:
         stop, error = StopReason.TIMEOUT, f"episode exceeded {timeout_s:g}s"
     except Exception as exc:

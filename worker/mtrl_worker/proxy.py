@@ -18,7 +18,7 @@ from aiohttp import web
 from mtrl_rollout.protocol import ChatMessage
 from mtrl_worker.environments.base import Completion, EpisodeLimitReached
 from mtrl_worker.policy import GenerationError
-from mtrl_worker.session import EpisodeSession
+from mtrl_worker.session import EpisodeSession, GenerationTimeout
 
 MODEL_NAME = "mtrl-policy"
 _ROLES = {
@@ -154,7 +154,9 @@ class PolicyProxy:
             return _error(400, str(exc), "episode_limit", exc.reason.value)
         except GenerationError as exc:
             return _error(502, str(exc), "generation_error")
-        except TimeoutError:
-            return _error(504, "generation timed out", "timeout")
+        except GenerationTimeout as exc:
+            return _error(504, str(exc), "timeout")
+        except TimeoutError:  # the handler runs outside the episode's own timeout scope
+            return _error(504, "the episode's time limit ran out", "timeout")
         model = str(body.get("model") or MODEL_NAME)
         return web.json_response(completion_body(completion, model, bool(body.get("logprobs"))))

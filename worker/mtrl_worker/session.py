@@ -25,7 +25,16 @@ from mtrl_worker.environments.base import Completion, EpisodeLimitReached
 
 
 class Generator(Protocol):
-    async def generate(self, request: GenerateRequest, timeout_s: float) -> GenerateResponse: ...
+    async def generate(self, request: GenerateRequest, timeout_s: float) -> GenerateResponse:
+        """Raises TimeoutError when no response came within `timeout_s`."""
+        ...
+
+
+class GenerationTimeout(Exception):
+    """One turn's generation outlasted MTRL_GENERATE_TIMEOUT_S while the episode still had time.
+
+    Not a TimeoutError: that one means the episode's own limit, and the two point at different
+    causes (a slow or stopped trainer, against an episode too long for its limit)."""
 
 
 class EpisodeSession:
@@ -68,23 +77,29 @@ class EpisodeSession:
         turn, self._next_turn = self._next_turn, self._next_turn + 1
         r = self.request
         timeout_s = max(0.0, min(self._generate_timeout_s, self._deadline - time.time()))
-        response = await self._generator.generate(
-            GenerateRequest(
-                run_id=r.run_id,
-                step=r.step,
-                group_id=r.group_id,
-                sample_id=r.sample_id,
-                policy_version=r.policy_version,
-                request_id=uuid.uuid4().hex,
-                turn=turn,
-                messages=list(messages),
-                sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=stop),
-                max_length=r.max_length,
-                reply_queue_url=self._reply_queue_url,
-                deadline=time.time() + timeout_s,
-            ),
-            timeout_s,
+        request = GenerateRequest(
+            run_id=r.run_id,
+            step=r.step,
+            group_id=r.group_id,
+            sample_id=r.sample_id,
+            policy_version=r.policy_version,
+            request_id=uuid.uuid4().hex,
+            turn=turn,
+            messages=list(messages),
+            sampling=SamplingParams(max_tokens=max_tokens, temperature=temperature, stop=stop),
+            max_length=r.max_length,
+            reply_queue_url=self._reply_queue_url,
+            deadline=time.time() + timeout_s,
         )
+        try:
+            response = await self._generator.generate(request, timeout_s)
+        except TimeoutError:
+            if timeout_s < self._generate_timeout_s:
+                raise  # the episode's deadline was the nearer limit: the episode timed out
+            raise GenerationTimeout(
+                f"turn {turn}: no completion within {self._generate_timeout_s:g}s "
+                "(MTRL_GENERATE_TIMEOUT_S); the trainer's sampler is slow or stopped"
+            ) from None
         choice = response.choices[0]
         logprobs = [t.logprob for t in choice.logprobs.content]
         self.turns.append(
