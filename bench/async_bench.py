@@ -97,6 +97,9 @@ def summary(metrics: list[dict[str, Any]]) -> dict[str, Any]:
         "reuse": mean_of(steady, "prefixReuse"),
         "occupancy": mean_of(steady, "decodeRowOccupancy"),
         "gap": mean_of(steady, "logprobGap"),
+        # A turn's wait for the policy's reply, as the workers saw it, and the sampler's part.
+        "turn": mean_of(steady, "turnSeconds"),
+        "turn_sample": mean_of(steady, "turnSampleSeconds"),
         "first": (rewards[0] + rewards[1]) / 2,
         "last": (rewards[-2] + rewards[-1]) / 2,
         "lag": max(m["trainedPolicyVersion"] - m["oldestPolicyVersion"] for m in metrics),
@@ -114,6 +117,12 @@ def main(args: argparse.Namespace) -> None:
 
 def percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
+
+
+def turn_split(r: dict[str, Any]) -> str:
+    if r["turn"] is None or r["turn_sample"] is None:
+        return "-"
+    return f"{r['turn']:.3f} = {r['turn_sample']:.3f} + {r['turn'] - r['turn_sample']:.3f}"
 
 
 def ceiling(base: dict[str, Any], depth: int) -> float | None:
@@ -136,9 +145,9 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
     print("| maxStepsOffPolicy | s/step (mean) | s/step (median) | steps/hour | vs sync | "
           "trainer busy | updating | idle (s/step) | episodes: publish -> last result, steps "
           "that waited (s) | ceiling at this depth (of it) | prefix reuse | decode row "
-          "occupancy | trainer - sampler logprob | reward first 2 -> last 2 steps | max lag "
-          "trained | stale |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "occupancy | a turn's reply: waited, in the sampler, in the queues (s) | trainer - "
+          "sampler logprob | reward first 2 -> last 2 steps | max lag trained | stale |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for bound, r in results.items():
         speedup, most = base["mean_s"] / r["mean_s"], ceiling(base, bound)
         print(f"| {bound} | {r['mean_s']:.2f} | {r['median_s']:.2f} | {3600 / r['mean_s']:,.0f} "
@@ -146,7 +155,7 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
               f"| {r['mean_s'] * (1 - r['busy']):.2f} "
               f"| {'-' if r['episodes_s'] is None else format(r['episodes_s'], '.2f')} "
               f"| {'-' if most is None else f'{most:.2f}x ({speedup / most:.0%})'} "
-              f"| {percent(r['reuse'])} | {percent(r['occupancy'])} "
+              f"| {percent(r['reuse'])} | {percent(r['occupancy'])} | {turn_split(r)} "
               f"| {'-' if r['gap'] is None else format(r['gap'], '.1e')} "
               f"| {r['first']:.3f} -> {r['last']:.3f} | {r['lag']} | {r['stale']} |")
     print(f"\n> At {latency_ms} ms the synchronous trainer is busy {base['busy']:.0%} of a step "
@@ -162,9 +171,12 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
           "of prompt tokens the decoder took from cached prefixes (an update drops them); decode "
           "row occupancy: the share of the rows its decode steps "
           "computed that were still generating (idle rows below the highest busy one are "
-          "computed too). Trainer - sampler logprob: the mean |difference| per trained token "
-          "before the update (metrics.jsonl's logprobGap): numerical alone when synchronous, "
-          "the policy's lag too when played ahead.")
+          "computed too). A turn's reply: the workers' mean wait for one (metrics.jsonl's "
+          "turnSeconds), the part a request spent in the trainer's sampler, waiting to be "
+          "admitted and decoding (turnSampleSeconds), and the rest: the queues' round trip, "
+          "the server's and the worker's event loops included. Trainer - sampler logprob: the "
+          "mean |difference| per trained token before the update (metrics.jsonl's logprobGap): "
+          "numerical alone when synchronous, the policy's lag too when played ahead.")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ async def episode(service: GenerationService, index: int, args: argparse.Namespa
             policy_version=0, request_id=f"{index}-{turn}", turn=turn, messages=messages,
             sampling=SamplingParams(max_tokens=rng.randint(args.min_new, args.max_new)),
             reply_queue_url="unused")
-        [response] = await service.sample([request])
+        response = await service.sample(request)
         assert response.error is None, response.error
         turns += 1
         tokens += len(response.choices[0].token_ids)

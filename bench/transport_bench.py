@@ -102,8 +102,8 @@ def _response(request: GenerateRequest) -> GenerateResponse:
 async def round_trips(sqs: Sqs, queues, reply_url: str, turns: int, episodes: int) -> list[float]:
     """Latency of PolicyClient.generate with an instant sampler: pure transport overhead."""
 
-    async def sample(requests: list[GenerateRequest]) -> list[GenerateResponse]:
-        return [_response(r) for r in requests]
+    async def sample(request: GenerateRequest) -> GenerateResponse:
+        return _response(request)
 
     stop = asyncio.Event()
     server = GenerationServer(

@@ -1,9 +1,10 @@
 """The trainer's side of the generation channel.
 
-Workers put GenerateRequests on the run's generate queue; the server gathers them into batches
-(the trainer decodes many sequences at once), calls the sampling handler and sends each response
-to the reply queue named in its request. Requests whose deadline passed are dropped: nobody waits
-for them any more.
+Workers put GenerateRequests on the run's generate queue; the server hands each to the sampling
+handler as it arrives and sends its response to the reply queue named in the request as soon as
+that response is ready. Batching is the sampler's business (the trainer's decoder admits new
+requests between decode steps), so a short completion never waits for a long one received with
+it. Requests whose deadline passed are dropped: nobody waits for them any more.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from mtrl_rollout.sqs import Outgoing, Received, Sqs
 
 log = logging.getLogger(__name__)
 
-SampleBatch = Callable[[list[GenerateRequest]], Awaitable[list[GenerateResponse]]]
+Sample = Callable[[GenerateRequest], Awaitable[GenerateResponse]]
 
 
 class GenerationServer:
@@ -31,12 +32,10 @@ class GenerationServer:
         sqs: Sqs,
         generate_queue_url: str,
         dlq_url: str,
-        sample: SampleBatch,
+        sample: Sample,
         *,
         codec: Codec | None = None,
         receivers: int = 2,
-        max_batch: int = 64,
-        max_wait_s: float = 0.0,
         wait_s: int = 1,
         rate: TokenBucket | None = None,
     ) -> None:
@@ -47,8 +46,6 @@ class GenerationServer:
         self._codec = codec or Codec()
         self._outbox = Outbox(sqs)
         self._receivers = receivers
-        self._max_batch = max_batch
-        self._max_wait_s = max_wait_s
         self._wait_s = wait_s
         self._rate = rate
         self._inbox: asyncio.Queue[tuple[GenerateRequest, Received]] = asyncio.Queue()
@@ -56,17 +53,21 @@ class GenerationServer:
 
     async def serve(self, stop: asyncio.Event) -> None:
         receivers = [asyncio.create_task(self._receive(stop)) for _ in range(self._receivers)]
-        batches: set[asyncio.Task[None]] = set()
+        answers: set[asyncio.Task[None]] = set()
         try:
             while not stop.is_set():
-                batch = await self._next_batch(stop)
-                if batch:
-                    task = asyncio.create_task(self._answer(batch))
-                    batches.add(task)
-                    task.add_done_callback(batches.discard)
+                try:
+                    request, message = await asyncio.wait_for(self._inbox.get(), timeout=0.2)
+                except TimeoutError:
+                    continue
+                if self._rate is not None:  # first come, first served at the capped rate
+                    await self._rate.acquire()
+                task = asyncio.create_task(self._answer(request, message))
+                answers.add(task)
+                task.add_done_callback(answers.discard)
         finally:
             await asyncio.gather(*receivers, return_exceptions=True)
-            await asyncio.gather(*batches, return_exceptions=True)
+            await asyncio.gather(*answers, return_exceptions=True)
             await self._outbox.aclose()
 
     async def _receive(self, stop: asyncio.Event) -> None:
@@ -88,47 +89,17 @@ class GenerationServer:
                     continue
                 self._inbox.put_nowait((request, message))
 
-    async def _next_batch(self, stop: asyncio.Event) -> list[tuple[GenerateRequest, Received]]:
-        try:
-            first = await asyncio.wait_for(self._inbox.get(), timeout=0.2)
-        except TimeoutError:
-            return []
-        if self._rate is not None:  # one request at a time at the capped rate
-            await self._rate.acquire()
-            return [first]
-        batch = [first]
-        deadline = time.monotonic() + self._max_wait_s
-        while len(batch) < self._max_batch:
-            if not self._inbox.empty():
-                batch.append(self._inbox.get_nowait())
-                continue
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or stop.is_set():
-                break
-            try:
-                batch.append(await asyncio.wait_for(self._inbox.get(), remaining))
-            except TimeoutError:
-                break
-        return batch
-
-    async def _answer(self, batch: list[tuple[GenerateRequest, Received]]) -> None:
-        now = time.time()
-        live = [(r, m) for r, m in batch if r.deadline is None or r.deadline > now]
-        for request, message in batch:
-            if request.deadline is not None and request.deadline <= now:
-                log.info("dropping expired generate request %s", request.request_id)
-                await self._outbox.delete(self._queue_url, message.receipt_handle)
-        if not live:
+    async def _answer(self, request: GenerateRequest, message: Received) -> None:
+        if request.deadline is not None and request.deadline <= time.time():
+            log.info("dropping expired generate request %s", request.request_id)
+            await self._outbox.delete(self._queue_url, message.receipt_handle)
             return
-        requests = [r for r, _ in live]
         try:
-            responses = await self._sample(requests)
+            response = await self._sample(request)
         except Exception as exc:
-            log.exception("sampling failed for %d requests", len(requests))
-            responses = [error_response(r, f"sampling failed: {exc}") for r in requests]
-        await asyncio.gather(
-            *(self._reply(req, resp, msg) for (req, msg), resp in zip(live, responses, strict=True))
-        )
+            log.exception("sampling failed for %s", request.request_id)
+            response = error_response(request, f"sampling failed: {exc}")
+        await self._reply(request, response, message)
 
     async def _reply(self, request: GenerateRequest, response: GenerateResponse, message: Received) -> None:
         try:

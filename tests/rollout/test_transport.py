@@ -198,10 +198,10 @@ async def test_generation_server_answers_on_the_named_reply_queue(
     reply_url = sqs_client.create_queue(QueueName=f"{prefix}-reply-w1")["QueueUrl"]
     sqs = Sqs(pool_size=8)
 
-    async def sample(requests):
+    async def sample(request):
         from mtrl_rollout.generation import error_response
 
-        return [error_response(r, f"echo {r.messages[-1].content}") for r in requests]
+        return error_response(request, f"echo {request.messages[-1].content}")
 
     server = GenerationServer(sqs, queues.generate_url, queues.dlq_url, sample)
     stop = asyncio.Event()
@@ -229,6 +229,46 @@ async def test_generation_server_answers_on_the_named_reply_queue(
     sqs.close()
 
 
+async def test_a_short_completion_is_not_held_back_by_a_long_one_received_with_it(
+    aws_env, queues, sqs_client, prefix
+) -> None:
+    """Both requests arrive in one receive; the quick one's reply goes out while the slow one is
+    still sampling (a multi-turn episode's next turn must not wait for another's long answer)."""
+    from mtrl_rollout.generation import error_response
+
+    reply_url = sqs_client.create_queue(QueueName=f"{prefix}-reply-mixed")["QueueUrl"]
+    sqs = Sqs(pool_size=8)
+    release = asyncio.Event()
+
+    async def sample(request):
+        if request.request_id == "long":
+            await release.wait()
+        return error_response(request, "done")
+
+    server = GenerationServer(sqs, queues.generate_url, queues.dlq_url, sample, receivers=1)
+    base = dict(run_id="uid", step=0, group_id="g", sample_id="s", policy_version=0, turn=0,
+                reply_queue_url=reply_url, messages=[ChatMessage(role="user", content="hi")])
+    await sqs.send_batch(queues.generate_url, [
+        Outgoing(encode(GenerateRequest(**base, request_id=request_id))) for request_id in ("long", "short")
+    ])
+    stop = asyncio.Event()
+    serving = asyncio.create_task(server.serve(stop))
+    replies: list[str] = []
+    for _ in range(10):
+        replies += [json.loads(m.body)["request_id"] for m in await sqs.receive(reply_url, wait_s=1)]
+        if replies:
+            break
+    release.set()
+    for _ in range(10):
+        if len(replies) >= 2:
+            break
+        replies += [json.loads(m.body)["request_id"] for m in await sqs.receive(reply_url, wait_s=1)]
+    stop.set()
+    await serving
+    sqs.close()
+    assert replies == ["short", "long"]
+
+
 async def test_generation_server_answers_at_most_its_rate(aws_env, queues, sqs_client, prefix) -> None:
     """spec.rollout.maxPolicyRequestsPerSecond: 30 queued requests at 20/s take at least half a
     second beyond the first second's burst of 20; each one is still answered."""
@@ -239,12 +279,11 @@ async def test_generation_server_answers_at_most_its_rate(aws_env, queues, sqs_c
     sqs = Sqs(pool_size=8)
     answered: list[float] = []
 
-    async def sample(requests):
-        answered.extend(asyncio.get_running_loop().time() for _ in requests)
-        return [error_response(r, "ok") for r in requests]
+    async def sample(request):
+        answered.append(asyncio.get_running_loop().time())
+        return error_response(request, "ok")
 
-    server = GenerationServer(sqs, queues.generate_url, queues.dlq_url, sample, max_batch=64,
-                              rate=TokenBucket(20))
+    server = GenerationServer(sqs, queues.generate_url, queues.dlq_url, sample, rate=TokenBucket(20))
     base = dict(run_id="uid", step=0, group_id="g", sample_id="s", policy_version=0, turn=0,
                 reply_queue_url=reply_url, messages=[ChatMessage(role="user", content="hi")])
     for i in range(30):

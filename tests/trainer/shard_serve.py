@@ -46,7 +46,7 @@ async def play_round(router: ShardRouter, round_: int) -> list[GenerateResponse]
     responses = []
     for turn in range(2):
         batch = [request(i, turn, h, round_) for i, h in enumerate(histories)]
-        answers = await router.sample(batch)
+        answers = await asyncio.gather(*map(router.sample, batch))
         for history, answer in zip(histories, answers, strict=True):
             assert answer.error is None, answer.error
             history += [answer.choices[0].message, ChatMessage(role="user", content="again")]

@@ -37,11 +37,11 @@ def test_turns_of_an_episode_reuse_its_prefix_and_updates_bump_the_version() -> 
 
     async def play() -> None:
         history = [ChatMessage(role="user", content="hello there")]
-        [first] = await svc.sample([request(f"{ATTEMPT}-1", 0, history)])
+        first = await svc.sample(request(f"{ATTEMPT}-1", 0, history))
         assert first.error is None and first.policy_version == 0
         history += [first.choices[0].message, ChatMessage(role="user", content="and again")]
         reused_before = svc.decoder.reused_tokens
-        [second] = await svc.sample([request(f"{ATTEMPT}-1", 1, history)])
+        second = await svc.sample(request(f"{ATTEMPT}-1", 1, history))
         # The second prompt extends the first prompt and completion, so only new text is fed.
         cached = len(first.prompt_token_ids) + len(first.choices[0].token_ids) - 1
         assert svc.decoder.reused_tokens - reused_before == cached
@@ -51,7 +51,7 @@ def test_turns_of_an_episode_reuse_its_prefix_and_updates_bump_the_version() -> 
             svc.update_policy(1)
         history += [second.choices[0].message, ChatMessage(role="user", content="last")]
         reused_before = svc.decoder.reused_tokens
-        [third] = await svc.sample([request(f"{ATTEMPT}-1", 2, history)])
+        third = await svc.sample(request(f"{ATTEMPT}-1", 2, history))
         assert third.policy_version == 1
         assert svc.decoder.reused_tokens == reused_before  # stale keys are never reused
 
@@ -81,7 +81,7 @@ def test_an_update_waits_only_for_the_completions_being_decoded() -> None:
         async def episode(i: int) -> None:
             for turn in range(turns):
                 hello = [ChatMessage(role="user", content=f"episode {i} turn {turn}")]
-                [answer] = await svc.sample([request(f"{ATTEMPT}-{i}", turn, hello)])
+                answer = await svc.sample(request(f"{ATTEMPT}-{i}", turn, hello))
                 assert answer.error is None
                 versions.append(answer.policy_version)
                 if len(versions) >= 4:
@@ -105,11 +105,11 @@ def test_refusals_and_a_failing_decoder_answer_with_errors() -> None:
     hello = [ChatMessage(role="user", content="hi")]
 
     async def play() -> list[str | None]:
-        answers = await svc.sample([
-            request("other-1", 0, hello),  # a killed predecessor's episode
-            request(f"{ATTEMPT}-2", 0, hello, max_length=3),  # no budget left
-            request(f"{ATTEMPT}-3", 0, hello),
-        ])
+        answers = await asyncio.gather(
+            svc.sample(request("other-1", 0, hello)),  # a killed predecessor's episode
+            svc.sample(request(f"{ATTEMPT}-2", 0, hello, max_length=3)),  # no budget left
+            svc.sample(request(f"{ATTEMPT}-3", 0, hello)),
+        )
         return [a.error for a in answers]
 
     errors = asyncio.run(play())
@@ -121,10 +121,10 @@ def test_refusals_and_a_failing_decoder_answer_with_errors() -> None:
         raise RuntimeError("device lost")
 
     svc.decoder.pump = broken  # type: ignore[method-assign]
-    [error] = asyncio.run(asyncio.wait_for(play_one(svc, hello), 30))
+    error = asyncio.run(asyncio.wait_for(play_one(svc, hello), 30))
     assert error is not None and "device lost" in error
     svc.close()
 
 
-async def play_one(svc: GenerationService, messages: list[ChatMessage]) -> list[str | None]:
-    return [a.error for a in await svc.sample([request(f"{ATTEMPT}-4", 0, messages)])]
+async def play_one(svc: GenerationService, messages: list[ChatMessage]) -> str | None:
+    return (await svc.sample(request(f"{ATTEMPT}-4", 0, messages))).error

@@ -52,6 +52,8 @@ def test_reward_rises_through_real_worker(training_run: TrainingRun) -> None:
                for m in metrics), "a synchronous step trained off-policy"
     # One turn per episode: no prompt extends a cached one.
     assert all(m["prefixReuse"] == 0 and 0 < m["decodeRowOccupancy"] <= 1 for m in metrics)
+    # Where a turn's time goes: the workers' wait for a reply, and the sampler's part of it.
+    assert all(m["turnSeconds"] > 0 and m["turnSampleSeconds"] > 0 for m in metrics), metrics
     # The sampler's logprobs are the trainer's (fp32): what the ratio is taken against. A step
     # whose groups all scored alike trains nothing and has no gap to report.
     gaps = [m["logprobGap"] for m in metrics if m["trainedGroups"]]

@@ -1,4 +1,5 @@
-"""pass@k at evaluation: the unbiased estimator, per task and over the validation set."""
+"""pass@k at evaluation (the unbiased estimator, per task and over the validation set), and
+the workers' wait per turn."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import itertools
 import pytest
 
 from mtrl_rollout.protocol import MetricEntry, RolloutResult
-from mtrl_trainer.stats import pass_at_k, validation_pass_at_k
+from mtrl_trainer.stats import pass_at_k, turn_seconds, validation_pass_at_k
 
 
 @pytest.mark.parametrize(("n", "c"), [(1, 0), (1, 1), (4, 1), (8, 3), (8, 8), (10, 0)])
@@ -39,3 +40,18 @@ def test_validation_pass_at_k_averages_tasks_and_skips_a_k_some_task_lacks_plays
     got = validation_pass_at_k(results, [4, 1, 2])
     assert got == {1: pytest.approx((0.25 + 1 + 0) / 3), 2: pytest.approx((0.5 + 1 + 0) / 3)}
     assert validation_pass_at_k([], [1]) == {}
+
+
+def waited(seconds: float | None, turns: int) -> RolloutResult:
+    metrics = [MetricEntry(name="model_turns", value=turns, type="Metric")]
+    if seconds is not None:  # a worker from before the metric reports none
+        metrics.append(MetricEntry(name="generate_seconds", value=seconds, type="Metric"))
+    return RolloutResult(run_id="r", step=0, group_id="g", sample_id=f"s{seconds}-{turns}",
+                         policy_version=0, aggregate_reward_score=0.0, stop_reason="done",
+                         metrics_list=metrics)
+
+
+def test_turn_seconds_weighs_each_turn_once() -> None:
+    # 4 turns in 2.0 s and 1 turn in 1.0 s: 3.0 s over 5 turns, not the mean of 0.5 and 1.0.
+    assert turn_seconds([waited(2.0, 4), waited(1.0, 1), waited(None, 3), waited(0.0, 0)]) == 0.6
+    assert turn_seconds([waited(None, 2), waited(0.0, 0)]) is None

@@ -44,18 +44,15 @@ class Sampler:
     seen_samples: set[str] = field(default_factory=set)
     requests: int = 0
 
-    async def __call__(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
-        self.requests += len(requests)
-        self.seen_samples.update(r.sample_id for r in requests)
+    async def __call__(self, request: GenerateRequest) -> GenerateResponse:
+        self.requests += 1
+        self.seen_samples.add(request.sample_id)
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
-        out = []
-        for r in requests:
-            text = f"<guess>{GUESSES[r.turn % len(GUESSES)]}</guess>"
-            if r.sample_id in self.long_reply_for:  # a completion too large for one SQS message
-                text = "hmm " * 3000 + text
-            out.append(scripted_response(r, text))
-        return out
+        text = f"<guess>{GUESSES[request.turn % len(GUESSES)]}</guess>"
+        if request.sample_id in self.long_reply_for:  # a completion too large for one SQS message
+            text = "hmm " * 3000 + text
+        return scripted_response(request, text)
 
 
 class FakeTrainer(threading.Thread):

@@ -1,7 +1,7 @@
 """The generation service: answers workers' GenerateRequests from the current policy.
 
 `mtrl_rollout.generation.GenerationServer` (or, on other ranks, `sharding.serve_share`) calls
-`sample` with the requests it gathered. Each becomes a decoder job, keyed by its sample id so the
+`sample` for each request as it arrives. Each becomes a decoder job, keyed by its sample id so the
 next turn of the episode reuses its cached prefix, and one engine thread keeps the decoder busy:
 jobs are admitted between decode steps (continuous batching) and each response goes back as soon
 as its own completion ends. The run's temperature and top-p always apply (the loss recomputes
@@ -106,39 +106,40 @@ class GenerationService:
         self.policy_version = 0
         self.tokens = 0  # completion tokens generated so far
         self.decode_seconds = 0.0
+        self.sampled = 0  # requests answered with a completion or a sampling error
+        self.sample_seconds = 0.0  # their time from arrival to answer: waiting, then decoding
         self.served: collections.Counter[str] = collections.Counter()  # turns per sample id
 
     # ------------------------------------------------------------------ asyncio side
 
-    async def sample(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
+    async def sample(self, request: GenerateRequest) -> GenerateResponse:
+        """The response to `request`, as soon as its own completion ends."""
         loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[GenerateResponse]] = []
-        jobs = []
-        for request in requests:
-            future: asyncio.Future[GenerateResponse] = loop.create_future()
-            futures.append(future)
-            refusal, job = self._job(request, loop, future)
-            if refusal is not None:
-                future.set_result(error_response(request, refusal))
-            elif job is not None:
-                jobs.append(job)
-        if jobs:
-            with self._wake:
-                self._inbox.extend(jobs)
-                self._wake.notify()
-            self._start_engine()
-        return list(await asyncio.gather(*futures))
+        future: asyncio.Future[GenerateResponse] = loop.create_future()
+        job = self._job(request, loop, future)
+        if isinstance(job, str):  # refused
+            return error_response(request, job)
+        started = time.perf_counter()
+        with self._wake:
+            self._inbox.append(job)
+            self._wake.notify()
+        self._start_engine()
+        response = await future
+        self.sampled += 1
+        self.sample_seconds += time.perf_counter() - started
+        return response
 
     def _job(
         self, request: GenerateRequest, loop: asyncio.AbstractEventLoop,
         future: asyncio.Future[GenerateResponse],
-    ) -> tuple[str | None, Job | None]:
+    ) -> Job | str:
+        """The decoder job for `request`, or why it is refused."""
         if not request.sample_id.startswith(self._attempt_prefix):
-            return "request from another trainer attempt", None
+            return "request from another trainer attempt"
         prompt = self._policy.tokenizer.encode_chat(request.messages)
         budget = self._budget(request, len(prompt))
         if budget <= 0:
-            return "episode token budget exhausted", None
+            return "episode token budget exhausted"
 
         def done(out: Sampled) -> None:  # on the engine thread
             self._open.discard(job)
@@ -152,7 +153,7 @@ class GenerationService:
 
         job = Job(prompt, budget, request.sample_id, done)
         self._open.add(job)
-        return None, job
+        return job
 
     def _budget(self, request: GenerateRequest, prompt_tokens: int) -> int:
         budget = min(self._sampling.max_new_tokens,

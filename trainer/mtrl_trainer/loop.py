@@ -53,7 +53,13 @@ from mtrl_trainer.progress import (
     ProgressSink,
 )
 from mtrl_trainer.sharding import Endpoint, ShardRouter, serve_share
-from mtrl_trainer.stats import components, mean_std, success_rate, validation_pass_at_k
+from mtrl_trainer.stats import (
+    components,
+    mean_std,
+    success_rate,
+    turn_seconds,
+    validation_pass_at_k,
+)
 from mtrl_trainer.update import UpdateConfig, UpdateStats, lora_parameters, train_step
 
 log = logging.getLogger(__name__)
@@ -286,8 +292,7 @@ class Run:
             await router.start(self.endpoint)
         rate = spec.rollout.max_policy_requests_per_second
         server = GenerationServer(sqs, config.generate_queue_url, config.dlq_url, router.sample,
-                                  codec=codec, max_batch=256, max_wait_s=0.02,
-                                  rate=TokenBucket(rate) if rate else None)
+                                  codec=codec, rate=TokenBucket(rate) if rate else None)
         orchestrator = Orchestrator(RolloutSettings(
             run_id=config.run_id, attempt=config.attempt,
             rollout_queue_url=config.rollout_queue_url, result_queue_url=config.result_queue_url,
@@ -418,6 +423,7 @@ class Run:
             "rolloutWaitSeconds": round(rollouts.waited_seconds, 3),
             "updateSeconds": round(update_s, 3),
             "decodeSeconds": round(decode_s, 3),
+            "turnSeconds": turn_seconds(rollouts.results),
             **self._decoder_since_last_report(),
             "failedEpisodes": rollouts.counts.failed,
         }
@@ -487,22 +493,26 @@ class Run:
         self._reported_at, self._tokens_at, self._decoding_at = now, tokens, decoding
         return since
 
-    def _decoder_counters(self) -> tuple[int, int, int, int]:
-        d = self.service.decoder
-        return d.prefilled_tokens, d.reused_tokens, d.row_steps, d.active_row_steps
+    def _decoder_counters(self) -> tuple[int, int, int, int, int, float]:
+        d, service = self.service.decoder, self.service
+        return (d.prefilled_tokens, d.reused_tokens, d.row_steps, d.active_row_steps,
+                service.sampled, service.sample_seconds)
 
     def _decoder_since_last_report(self) -> dict[str, float | None]:
         """Since the previous step's report, how well the decoder used its work: the share of
         prompt tokens served from cached prefixes (`prefixReuse`), and the share of the rows its
         decode steps computed that were still generating (`decodeRowOccupancy`; the rest are
-        idle rows below the highest busy one, computed for nothing)."""
+        idle rows below the highest busy one, computed for nothing); and how long a request
+        took from reaching the sampler to its answer, waiting to be admitted included
+        (`turnSampleSeconds`, the trainer's part of the workers' `turnSeconds`)."""
         now = self._decoder_counters()
-        prefilled, reused, rows, active = (a - b for a, b in zip(now, self._decoder_at,
-                                                                  strict=True))
+        prefilled, reused, rows, active, sampled, sample_s = (
+            a - b for a, b in zip(now, self._decoder_at, strict=True))
         self._decoder_at = now
         return {"prefixReuse": round(reused / (prefilled + reused), 4) if prefilled + reused
                 else None,
-                "decodeRowOccupancy": round(active / rows, 4) if rows else None}
+                "decodeRowOccupancy": round(active / rows, 4) if rows else None,
+                "turnSampleSeconds": round(sample_s / sampled, 4) if sampled else None}
 
     async def _checkpoint(self, progress: Progress) -> None:
         self.state.optimizer = self.optimizer.state_dict()

@@ -22,16 +22,14 @@ import logging
 import os
 import socket
 import zlib
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from mtrl_rollout.generation import error_response
+from mtrl_rollout.generation import Sample, error_response
 from mtrl_rollout.protocol import GenerateRequest, GenerateResponse
 from mtrl_trainer.distributed import World, broadcast
 
 log = logging.getLogger(__name__)
 
-SampleBatch = Callable[[list[GenerateRequest]], Awaitable[list[GenerateResponse]]]
 LINE_LIMIT = 64 << 20  # a request carries a whole conversation
 
 
@@ -69,20 +67,15 @@ class _Remote:
         self._waiting: dict[str, tuple[GenerateRequest, asyncio.Future[GenerateResponse]]] = {}
         self._reading = asyncio.create_task(self._read())
 
-    async def sample(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
-        loop = asyncio.get_running_loop()
-        futures = []
-        for request in requests:
-            future: asyncio.Future[GenerateResponse] = loop.create_future()
-            if self._reading.done():
-                future.set_result(error_response(request, f"rank {self.rank} is gone"))
-            else:
-                self._waiting[request.request_id] = (request, future)
-                self._writer.write(request.model_dump_json().encode() + b"\n")
-            futures.append(future)
+    async def sample(self, request: GenerateRequest) -> GenerateResponse:
+        if self._reading.done():
+            return error_response(request, f"rank {self.rank} is gone")
+        future: asyncio.Future[GenerateResponse] = asyncio.get_running_loop().create_future()
+        self._waiting[request.request_id] = (request, future)
+        self._writer.write(request.model_dump_json().encode() + b"\n")
         with contextlib.suppress(ConnectionError):
             await self._writer.drain()
-        return list(await asyncio.gather(*futures))
+        return await future
 
     async def _read(self) -> None:
         try:
@@ -107,9 +100,9 @@ class _Remote:
 
 
 class ShardRouter:
-    """Rank 0: `sample` splits a batch by shard and gathers the answers in order."""
+    """Rank 0: `sample` sends each request to the rank that serves its episode."""
 
-    def __init__(self, world: World, local: SampleBatch) -> None:
+    def __init__(self, world: World, local: Sample) -> None:
         self._world = world
         self._local = local
         self._remotes: dict[int, _Remote] = {}
@@ -132,18 +125,9 @@ class ShardRouter:
         if len(self._remotes) == self._world.size - 1:
             self._joined.set()
 
-    async def sample(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
-        shares: dict[int, list[int]] = {}
-        for i, request in enumerate(requests):
-            shares.setdefault(shard_of(request.sample_id, self._world.size), []).append(i)
-        answers = await asyncio.gather(*(
-            (self._local if rank == 0 else self._remotes[rank].sample)([requests[i] for i in idx])
-            for rank, idx in shares.items()))
-        out: list[GenerateResponse | None] = [None] * len(requests)
-        for idx, responses in zip(shares.values(), answers, strict=True):
-            for i, response in zip(idx, responses, strict=True):
-                out[i] = response
-        return [r for r in out if r is not None]
+    async def sample(self, request: GenerateRequest) -> GenerateResponse:
+        rank = shard_of(request.sample_id, self._world.size)
+        return await (self._local if rank == 0 else self._remotes[rank].sample)(request)
 
     async def aclose(self) -> None:
         for remote in self._remotes.values():
@@ -153,14 +137,14 @@ class ShardRouter:
             await self._server.wait_closed()
 
 
-async def serve_share(endpoint: Endpoint, rank: int, sample: SampleBatch) -> None:
+async def serve_share(endpoint: Endpoint, rank: int, sample: Sample) -> None:
     """Another rank: sample the requests rank 0 routes here until it hangs up."""
     reader, writer = await asyncio.open_connection(endpoint.host, endpoint.port, limit=LINE_LIMIT)
     writer.write(f"{rank}\n".encode())
     tasks: set[asyncio.Task[None]] = set()
 
     async def answer(request: GenerateRequest) -> None:
-        [response] = await sample([request])
+        response = await sample(request)
         writer.write(response.model_dump_json().encode() + b"\n")
         with contextlib.suppress(ConnectionError):
             await writer.drain()

@@ -32,6 +32,14 @@ def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
     return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
 
 
+def turn_seconds(results: Sequence[RolloutResult]) -> float | None:
+    """The workers' mean wait for one turn's reply from the policy: the trainer's sampling
+    (`turnSampleSeconds`) plus the trip of the request and the response through the queues."""
+    waited = [(r.metric("generate_seconds"), r.metric("model_turns")) for r in results]
+    turns = math.fsum(n for s, n in waited if s is not None and n)
+    return round(math.fsum(s for s, n in waited if s is not None and n) / turns, 4) if turns else None
+
+
 def components(results: Sequence[RolloutResult]) -> list[ComponentReport]:
     return [
         ComponentReport(name, s.mean, s.std, s.zero_variance_fraction)

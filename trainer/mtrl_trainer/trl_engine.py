@@ -45,7 +45,7 @@ from mtrl_trainer.dataset import Task, load_tasks
 from mtrl_trainer.loop import EpisodesFailed, Run, Terminated, most_frequent
 from mtrl_trainer.orchestration import Pending, Rollouts
 from mtrl_trainer.progress import ProgressReport
-from mtrl_trainer.stats import components, mean_std, success_rate
+from mtrl_trainer.stats import components, mean_std, success_rate, turn_seconds
 from mtrl_trainer.tokenizer import CharChatTokenizer, HFChatTokenizer
 from mtrl_trainer.update import MAX_GRAD_NORM, check_finite, training_attention
 
@@ -316,7 +316,9 @@ class TrlRun(Run):
             episode_error=most_frequent(rollouts.errors),
             training={"engine": "trl", "stepSeconds": round(step_s, 3),
                       "completionTokens": tokens_sampled, "rolloutSeconds": round(seconds, 3),
-                      "decodeSeconds": round(decode_s, 3), **self._decoder_since_last_report(),
+                      "decodeSeconds": round(decode_s, 3),
+                      "turnSeconds": turn_seconds(rollouts.results),
+                      **self._decoder_since_last_report(),
                       "failedEpisodes": rollouts.counts.failed,
                       **{f"trl/{k}": v for k, v in logs.items()}},
         ))

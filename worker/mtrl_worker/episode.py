@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 class RecordingPolicy(Policy, Protocol):
     turns: list[TurnRecord]
     stop_reason: StopReason | None
+    generate_seconds: float  # waiting for the policy's replies, all turns together
 
     @property
     def completion_tokens(self) -> int: ...
@@ -76,6 +77,7 @@ async def run_episode(
         _metric("episode_timeout", stop is StopReason.TIMEOUT),
         _metric("model_turns", len(policy.turns)),
         _metric("completion_tokens", policy.completion_tokens),
+        _metric("generate_seconds", policy.generate_seconds),
         _metric("episode_seconds", time.monotonic() - started),
     ]
     return RolloutResult(

@@ -39,6 +39,7 @@ class ScriptedPolicy:
 
     openai_base_url: str | None = None
     api_key = "dry-run"
+    generate_seconds = 0.0  # nothing is generated
 
     def __init__(self, replies: Sequence[str], max_turns: int) -> None:
         self._replies = list(replies)

@@ -61,6 +61,7 @@ class EpisodeSession:
         self.stop_reason: StopReason | None = None
         self._next_turn = 0
         self._tokens_used = 0
+        self.generate_seconds = 0.0  # waiting for replies, all turns together
 
     async def chat(
         self,
@@ -91,6 +92,7 @@ class EpisodeSession:
             reply_queue_url=self._reply_queue_url,
             deadline=time.time() + timeout_s,
         )
+        started = time.monotonic()
         try:
             response = await self._generator.generate(request, timeout_s)
         except TimeoutError:
@@ -100,6 +102,8 @@ class EpisodeSession:
                 f"turn {turn}: no completion within {self._generate_timeout_s:g}s "
                 "(MTRL_GENERATE_TIMEOUT_S); the trainer's sampler is slow or stopped"
             ) from None
+        finally:
+            self.generate_seconds += time.monotonic() - started
         choice = response.choices[0]
         logprobs = [t.logprob for t in choice.logprobs.content]
         self.turns.append(
