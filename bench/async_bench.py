@@ -36,10 +36,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from harness import train
+from harness import SqsProbe, train
 
 from mtrl_testbed.moto import aws_endpoint
 from mtrl_trainer.tokenizer import CharChatTokenizer
@@ -65,10 +66,13 @@ def spec(args: argparse.Namespace, bound: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, bound: int, latency_ms: int,
-        workdir: Path) -> list[dict[str, Any]]:
-    """One training run; its metrics.jsonl."""
-    return train(spec(args, bound), workdir, f"async{bound}",
-                 environment_args={"turns": args.turns, "latency_ms": latency_ms})
+        workdir: Path) -> dict[str, Any]:
+    """One training run: the summary of its metrics.jsonl, and the AWS endpoint's latency
+    meanwhile."""
+    with SqsProbe() as probe:
+        metrics = train(spec(args, bound), workdir, f"async{bound}",
+                        environment_args={"turns": args.turns, "latency_ms": latency_ms})
+    return summary(metrics) | {"sqs_ms": probe.median_ms}
 
 
 def mean_of(metrics: list[dict[str, Any]], key: str) -> float | None:
@@ -108,15 +112,20 @@ def summary(metrics: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> None:
+    with SqsProbe() as idle:
+        time.sleep(3)
     with tempfile.TemporaryDirectory(prefix="async-bench-") as tmp:
         for latency_ms in args.latency_ms:
-            results = {bound: summary(run(args, bound, latency_ms, Path(tmp)))
-                       for bound in args.bounds}
-            table(args, latency_ms, results)
+            results = {bound: run(args, bound, latency_ms, Path(tmp)) for bound in args.bounds}
+            table(args, latency_ms, results, idle.median_ms)
 
 
 def percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
+
+
+def milliseconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def turn_split(r: dict[str, Any]) -> str:
@@ -136,7 +145,8 @@ def ceiling(base: dict[str, Any], depth: int) -> float | None:
     return base["mean_s"] / floor
 
 
-def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str, Any]]) -> None:
+def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str, Any]],
+          idle_sqs_ms: float | None) -> None:
     base = results[args.bounds[0]]
     print(f"\n> `target` environment, {args.turns} turns, {latency_ms} ms environment latency "
           f"per turn, {PROMPTS} prompts x {GROUP} episodes per step, {args.steps} steps "
@@ -145,9 +155,10 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
     print("| maxStepsOffPolicy | s/step (mean) | s/step (median) | steps/hour | vs sync | "
           "trainer busy | updating | idle (s/step) | episodes: publish -> last result, steps "
           "that waited (s) | ceiling at this depth (of it) | prefix reuse | decode row "
-          "occupancy | a turn's reply: waited, in the sampler, in the queues (s) | trainer - "
-          "sampler logprob | reward first 2 -> last 2 steps | max lag trained | stale |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "occupancy | a turn's reply: waited, in the sampler, in the queues (s) | SQS probe "
+          "(ms) | trainer - sampler logprob | reward first 2 -> last 2 steps | max lag trained "
+          "| stale |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for bound, r in results.items():
         speedup, most = base["mean_s"] / r["mean_s"], ceiling(base, bound)
         print(f"| {bound} | {r['mean_s']:.2f} | {r['median_s']:.2f} | {3600 / r['mean_s']:,.0f} "
@@ -156,6 +167,7 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
               f"| {'-' if r['episodes_s'] is None else format(r['episodes_s'], '.2f')} "
               f"| {'-' if most is None else f'{most:.2f}x ({speedup / most:.0%})'} "
               f"| {percent(r['reuse'])} | {percent(r['occupancy'])} | {turn_split(r)} "
+              f"| {milliseconds(r['sqs_ms'])} "
               f"| {'-' if r['gap'] is None else format(r['gap'], '.1e')} "
               f"| {r['first']:.3f} -> {r['last']:.3f} | {r['lag']} | {r['stale']} |")
     print(f"\n> At {latency_ms} ms the synchronous trainer is busy {base['busy']:.0%} of a step "
@@ -174,7 +186,10 @@ def table(args: argparse.Namespace, latency_ms: int, results: dict[int, dict[str
           "computed too). A turn's reply: the workers' mean wait for one (metrics.jsonl's "
           "turnSeconds), the part a request spent in the trainer's sampler, waiting to be "
           "admitted and decoding (turnSampleSeconds), and the rest: the queues' round trip, "
-          "the server's and the worker's event loops included. Trainer - sampler logprob: the "
+          "the server's and the worker's event loops included. SQS probe: the median of one "
+          "SendMessage and one ReceiveMessage by a bystander during the run "
+          f"({milliseconds(idle_sqs_ms)} ms with nothing else running); the queues' share of a "
+          "turn grows with it. Trainer - sampler logprob: the "
           "mean |difference| per trained token before the update (metrics.jsonl's logprobGap): "
           "numerical alone when synchronous, the policy's lag too when played ahead.")
 

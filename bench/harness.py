@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import boto3
@@ -62,3 +66,40 @@ def train(spec: dict[str, Any], workdir: Path, label: str, *, timeout_s: float =
     key = f"run/bench/bench/{run_id}/metrics.jsonl"
     body = s3.get_object(Bucket=prefix, Key=key)["Body"].read().decode()
     return [json.loads(line) for line in body.splitlines()]
+
+
+class SqsProbe:
+    """The AWS endpoint's own latency while something else runs: one SendMessage and one
+    ReceiveMessage on a scratch queue every `period_s`, from a thread of this process. On
+    loopback an idle moto answers in about 10 ms; a busy one queues every caller's requests
+    (one Python process), and what it adds shows here as well as in the run's own turns."""
+
+    def __init__(self, period_s: float = 0.25) -> None:
+        self._period_s = period_s
+        self._sqs = boto3.client("sqs")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._probe, name="sqs-probe", daemon=True)
+        self.round_trips: list[float] = []  # seconds per SendMessage + ReceiveMessage
+
+    def __enter__(self) -> SqsProbe:
+        self._url = self._sqs.create_queue(QueueName=f"probe-{uuid.uuid4().hex[:8]}")["QueueUrl"]
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sqs.delete_queue(QueueUrl=self._url)
+
+    def _probe(self) -> None:
+        while not self._stop.wait(self._period_s):
+            started = time.perf_counter()
+            self._sqs.send_message(QueueUrl=self._url, MessageBody="probe")
+            for message in self._sqs.receive_message(QueueUrl=self._url).get("Messages", []):
+                self._sqs.delete_message(QueueUrl=self._url, ReceiptHandle=message["ReceiptHandle"])
+            self.round_trips.append(time.perf_counter() - started)
+
+    @property
+    def median_ms(self) -> float | None:
+        return statistics.median(self.round_trips) * 1000 if self.round_trips else None
