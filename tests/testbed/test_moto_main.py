@@ -41,3 +41,14 @@ def test_receive_with_the_patch_still_stops_at_an_expired_message(
     patched = backend_with_messages()
     fast = [m.body for m in patched.receive_message("q", 10, 0, 30)]
     assert fast == own == ["fresh"]
+
+
+def test_moto_s_modules_are_listed_once_and_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    from moto import backends
+
+    listed = list(backends.list_of_moto_modules())
+    monkeypatch.setattr(backends, "list_of_moto_modules", backends.list_of_moto_modules)
+    moto_main.read_modules_once()
+    assert list(backends.list_of_moto_modules()) == listed
+    assert "sqs" in listed and "ecs" in listed
+    assert backends.list_of_moto_modules() is backends.list_of_moto_modules()
