@@ -22,16 +22,27 @@ Two costs every request paid are gone too; together they were about a fifth of m
   `get_backend_for_host`); the folder does not change while the server runs, so it is read once;
 - werkzeug logs a line per request (`"POST / HTTP/1.1" 200 -`, which names no action); only its
   warnings and errors are kept.
+
+And connections are kept alive, as AWS's endpoints keep them. werkzeug's development server
+answers every request with `Connection: close` (werkzeug 2.1 on, `serving.py`: http.server
+cannot drain a body the application left unread before the next request line), so every AWS
+call of every client made a new TCP connection and moto a new thread. `KeepAliveHandler`
+reads a request's whole body (its Content-Length) before moto sees it, so nothing is left to
+drain, and leaves the connection open; a chunked body or `Expect: 100-continue` still closes
+it, as before.
 """
 
 from __future__ import annotations
 
 import functools
+import io
 import logging
 import sys
 
+import moto.server
 from moto import backends
 from moto.core.utils import unix_time
+from moto.server import MotoRequestHandler
 from moto.sqs.models import Message, SQSBackend
 
 
@@ -54,13 +65,45 @@ def read_modules_once() -> None:
     backends.list_of_moto_modules = functools.cache(lambda: tuple(listed()))  # type: ignore[assignment]
 
 
-def main(argv: list[str]) -> None:
-    from moto.server import main as moto_server
+class KeepAliveHandler(MotoRequestHandler):
+    """moto's request handler, which keeps a connection for the client's next request when
+    the body of this one has a known length."""
 
+    _keep_alive = False
+    # A kept connection carries the next request only once this answer is wholly received;
+    # werkzeug writes its headers and body separately, which Nagle's algorithm would hold
+    # back for the client's delayed ACK (some 40 ms) where closing the connection flushed.
+    disable_nagle_algorithm = True
+
+    def run_wsgi(self) -> None:
+        length = self.headers.get("Content-Length")
+        self._keep_alive = (
+            "chunked" not in self.headers.get("Transfer-Encoding", "").lower()
+            and "100-continue" not in self.headers.get("Expect", "").lower()
+            and (length is None or length.isdigit())
+        )
+        if not self._keep_alive:
+            super().run_wsgi()
+            return
+        connection = self.rfile
+        self.rfile = io.BytesIO(connection.read(int(length)) if length else b"")  # type: ignore[assignment]
+        try:
+            super().run_wsgi()
+        finally:
+            self.rfile = connection
+
+    def send_header(self, keyword: str, value: str) -> None:
+        if self._keep_alive and keyword.lower() == "connection" and value.lower() == "close":
+            return
+        super().send_header(keyword, value)
+
+
+def main(argv: list[str]) -> None:
     patch()
     read_modules_once()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    moto_server(argv)
+    moto.server.MotoRequestHandler = KeepAliveHandler  # type: ignore[misc]
+    moto.server.main(argv)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,14 @@
-"""The test bed's moto launcher answers the retention check as moto itself does, only cheaper."""
+"""The test bed's moto launcher: moto's answers, at less cost (`mtrl_testbed.moto_main`)."""
 
 from __future__ import annotations
+
+import http.client
 
 import pytest
 from moto.sqs.models import SQSBackend
 
 from mtrl_testbed import moto_main
-from mtrl_testbed.moto import REGION
+from mtrl_testbed.moto import REGION, MotoServer
 
 RETENTION_S = 60  # SQS's shortest MessageRetentionPeriod
 
@@ -52,3 +54,40 @@ def test_moto_s_modules_are_listed_once_and_alike(monkeypatch: pytest.MonkeyPatc
     assert list(backends.list_of_moto_modules()) == listed
     assert "sqs" in listed and "ecs" in listed
     assert backends.list_of_moto_modules() is backends.list_of_moto_modules()
+
+
+def post(connection: http.client.HTTPConnection, path: str, body: bytes,
+         headers: dict[str, str]) -> tuple[int, str | None, bytes]:
+    connection.request("POST", path, body, headers)
+    reply = connection.getresponse()
+    return reply.status, reply.getheader("Connection"), reply.read()
+
+
+def test_the_server_keeps_a_connection_for_the_next_request(moto_server: MotoServer) -> None:
+    """Each request here has a body; the second one on the same socket is answered too, also
+    after a request whose body moto never reads (an unknown path)."""
+    connection = http.client.HTTPConnection("127.0.0.1", moto_server.port, timeout=30)
+    sqs = {"Content-Type": "application/x-www-form-urlencoded",
+           "Authorization": "AWS4-HMAC-SHA256 Credential=testing/20260101/us-west-2/sqs/"
+                            "aws4_request, SignedHeaders=host, Signature=0"}
+    listing = b"Action=ListQueues&Version=2012-11-05"
+    status, closes, body = post(connection, "/", listing, sqs)
+    assert (status, closes) == (200, None) and b"ListQueuesResponse" in body
+    socket = connection.sock
+    post(connection, "/moto-api/no-such-path", b"x" * 100_000, {})
+    status, closes, body = post(connection, "/", listing, sqs)
+    assert (status, closes) == (200, None) and b"ListQueuesResponse" in body
+    assert connection.sock is socket  # one connection throughout
+    connection.close()
+
+
+def test_a_chunked_request_still_closes_its_connection(moto_server: MotoServer) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", moto_server.port, timeout=30)
+    connection.request("POST", "/", iter([b"Action=ListQueues", b"&Version=2012-11-05"]), {
+        "Content-Type": "application/x-www-form-urlencoded", "Transfer-Encoding": "chunked",
+        "Authorization": "AWS4-HMAC-SHA256 Credential=testing/20260101/us-west-2/sqs/"
+                         "aws4_request, SignedHeaders=host, Signature=0"}, encode_chunked=True)
+    reply = connection.getresponse()
+    assert reply.status == 200 and b"ListQueuesResponse" in reply.read()
+    assert reply.getheader("Connection") == "close"
+    connection.close()
