@@ -29,8 +29,8 @@ EXECUTION_ROLE_ARN = "arn:aws:iam::123456789012:role/mtrl-worker-execution"
 
 @dataclass
 class MotoServer:
-    """moto's server as a child process bound to 127.0.0.1 (through `moto_main`, which takes
-    a quadratic cost out of its SQS ReceiveMessage)."""
+    """moto's server as a child process bound to 127.0.0.1, started through `moto_main`
+    (moto's answers, with three of its own costs taken out)."""
 
     port: int = field(default_factory=free_port)
     log_path: Path | None = None

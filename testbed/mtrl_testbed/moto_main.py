@@ -1,4 +1,4 @@
-"""`python -m mtrl_testbed.moto_main [moto_server args]`: moto's server, without one quadratic cost.
+"""`python -m mtrl_testbed.moto_main [moto_server args]`: moto's server, less three of its costs.
 
 moto's SQS ReceiveMessage checks each message it returns against the queue's retention period
 by asking `get_queue_attributes` for `MessageRetentionPeriod`, which builds the queue's whole

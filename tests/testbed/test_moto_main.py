@@ -11,6 +11,9 @@ from mtrl_testbed import moto_main
 from mtrl_testbed.moto import REGION, MotoServer
 
 RETENTION_S = 60  # SQS's shortest MessageRetentionPeriod
+SQS_FORM = {"Content-Type": "application/x-www-form-urlencoded",
+            "Authorization": "AWS4-HMAC-SHA256 Credential=testing/20260101/us-west-2/sqs/"
+                             "aws4_request, SignedHeaders=host, Signature=0"}
 
 
 def backend_with_messages() -> SQSBackend:
@@ -67,15 +70,12 @@ def test_the_server_keeps_a_connection_for_the_next_request(moto_server: MotoSer
     """Each request here has a body; the second one on the same socket is answered too, also
     after a request whose body moto never reads (an unknown path)."""
     connection = http.client.HTTPConnection("127.0.0.1", moto_server.port, timeout=30)
-    sqs = {"Content-Type": "application/x-www-form-urlencoded",
-           "Authorization": "AWS4-HMAC-SHA256 Credential=testing/20260101/us-west-2/sqs/"
-                            "aws4_request, SignedHeaders=host, Signature=0"}
     listing = b"Action=ListQueues&Version=2012-11-05"
-    status, closes, body = post(connection, "/", listing, sqs)
+    status, closes, body = post(connection, "/", listing, SQS_FORM)
     assert (status, closes) == (200, None) and b"ListQueuesResponse" in body
     socket = connection.sock
     post(connection, "/moto-api/no-such-path", b"x" * 100_000, {})
-    status, closes, body = post(connection, "/", listing, sqs)
+    status, closes, body = post(connection, "/", listing, SQS_FORM)
     assert (status, closes) == (200, None) and b"ListQueuesResponse" in body
     assert connection.sock is socket  # one connection throughout
     connection.close()
@@ -83,10 +83,8 @@ def test_the_server_keeps_a_connection_for_the_next_request(moto_server: MotoSer
 
 def test_a_chunked_request_still_closes_its_connection(moto_server: MotoServer) -> None:
     connection = http.client.HTTPConnection("127.0.0.1", moto_server.port, timeout=30)
-    connection.request("POST", "/", iter([b"Action=ListQueues", b"&Version=2012-11-05"]), {
-        "Content-Type": "application/x-www-form-urlencoded", "Transfer-Encoding": "chunked",
-        "Authorization": "AWS4-HMAC-SHA256 Credential=testing/20260101/us-west-2/sqs/"
-                         "aws4_request, SignedHeaders=host, Signature=0"}, encode_chunked=True)
+    connection.request("POST", "/", iter([b"Action=ListQueues", b"&Version=2012-11-05"]),
+                       SQS_FORM | {"Transfer-Encoding": "chunked"}, encode_chunked=True)
     reply = connection.getresponse()
     assert reply.status == 200 and b"ListQueuesResponse" in reply.read()
     assert reply.getheader("Connection") == "close"
