@@ -57,7 +57,7 @@ from mtrl_operator.reconcile.readings import (
     with_cause,
     with_placement,
 )
-from mtrl_operator.reconcile.run import decide, stalled
+from mtrl_operator.reconcile.run import decide, is_news, stalled
 from mtrl_operator.reconcile.workers import newest_stopped, pod_problem, stopped_task_problem
 from mtrl_operator.settings import Settings
 from mtrl_operator.workqueue import WorkQueue, every
@@ -504,7 +504,7 @@ class Controller:
         # The cost meter's totals ride along with a write; alone they would write every time,
         # so they are brought up to date on their own once every cost_refresh_seconds.
         written = self.cost_written.get(key)
-        if steady(decision.status).wire() != steady(shown).wire() or refresh_due(
+        if is_news(shown, decision) or refresh_due(
                 shown.cost, decision.status.cost,
                 None if written is None else time.monotonic() - written,
                 self.settings.cost_refresh_seconds):

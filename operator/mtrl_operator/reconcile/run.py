@@ -24,7 +24,7 @@ from mtrl_api.run import (
 )
 from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE
 from mtrl_operator.reconcile.attempts import trainer, trainer_succeeded, under_way
-from mtrl_operator.reconcile.cost import budget, metered
+from mtrl_operator.reconcile.cost import budget, metered, steady
 from mtrl_operator.reconcile.draft import (  # the state machine's vocabulary, from here too
     CONDITION_TYPES,
     SUCCEEDED_OUTCOME,
@@ -164,6 +164,30 @@ def stalled(status: MultiTurnRLRunStatus, *, deleting: bool, cause: str, failure
     out.conditions = set_condition(out.conditions, "Progressing", False, "ReconcileError", cause,
                                    now, generation)
     return out
+
+
+# What a teardown's progress changes: which pieces are left, how many workers run.
+TEARDOWN_PROGRESS = frozenset({"resources", "workers"})
+
+
+def is_news(shown: MultiTurnRLRunStatus, decision: Decision) -> bool:
+    """Whether the decided status is worth a write over the one the run shows. The cost
+    meter's moving totals are not (they ride along, or go alone now and then: `refresh_due`),
+    nor is a teardown's progress: while a finished or deleted run's pieces go one by one, its
+    status is written again when none is left to delete, not for each. Every status write of
+    a run costs the API server a whole-object validation (about 20 ms of its CPU here); a run
+    once took four writes to tear down, three of them only to cross off what went. A teardown
+    that stalls still says so at once: its message and conditions change."""
+    new, old = steady(decision.status).wire(), steady(shown).wire()
+    if new == old:
+        return False
+    phase = decision.status.phase
+    tearing_down = phase == shown.phase and (phase.finished or phase == Phase.TERMINATING) \
+        and bool(decision.actions)
+    if not tearing_down:
+        return True
+    return any(new.get(k) != old.get(k) for k in new.keys() | old.keys()
+               if k not in TEARDOWN_PROGRESS)
 
 
 def _deletion(st: Draft) -> Decision | None:

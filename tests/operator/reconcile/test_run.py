@@ -12,6 +12,8 @@ from mtrl_api.run import (
     PassAtK,
     Phase,
     Progress,
+    QueueRef,
+    ResourceRefs,
 )
 from mtrl_operator.reconcile.cost import steady
 from mtrl_operator.reconcile.run import (
@@ -20,6 +22,7 @@ from mtrl_operator.reconcile.run import (
     TrainerObserved,
     TrainerState,
     decide,
+    is_news,
     stalled,
 )
 
@@ -86,6 +89,52 @@ def test_running_then_success_tears_down_gpus_first() -> None:
     d = decide(replace(done, status=d.status, trainer=None, trainers_exist=False,
                        workers_exist=False))
     assert d.actions == [Act.DELETE_QUEUES]
+
+
+def test_a_teardown_is_written_when_it_ends_not_for_each_piece_that_goes() -> None:
+    refs = ResourceRefs(queues=[QueueRef(role="rollout", url="https://sqs/q")],
+                        task_definition_arn="arn:td", task_arns=["arn:t1", "arn:t2"],
+                        trainer_kind="PyTorchJob")
+    running = ready(trainer=TrainerObserved(1, TrainerState.RUNNING), trainers_exist=True,
+                    resources=refs)
+    shown = decide(running).status
+    done = replace(running, status=shown, trainer=TrainerObserved(1, TrainerState.SUCCEEDED))
+    d = decide(done)
+    assert d.status.phase == Phase.SUCCEEDED and is_news(shown, d)
+    shown = d.status
+    # The trainer went, then the workers: the status would only cross them off.
+    for left in (refs.model_copy(update={"trainer_kind": None}),
+                 refs.model_copy(update={"trainer_kind": None, "task_arns": [],
+                                         "task_definition_arn": None})):
+        d = decide(replace(done, status=shown, trainer=None, trainers_exist=False,
+                           workers_ready=0, workers_exist=bool(left.task_arns),
+                           resources=left))
+        assert d.actions and d.status.resources != shown.resources
+        assert not is_news(shown, d)
+    # Nothing left: written, and a finished run with nothing recorded asks AWS nothing more.
+    d = decide(replace(done, status=shown, trainer=None, trainers_exist=False, workers_ready=0,
+                       workers_exist=False, queues_exist=False, queues_ready=False,
+                       resources=ResourceRefs()))
+    assert d.actions == [] and is_news(shown, d)
+    assert d.status.resources == ResourceRefs() and d.status.workers.ready == 0
+
+
+def test_a_teardown_that_stalls_or_a_deletion_that_begins_is_written_at_once() -> None:
+    refs = ResourceRefs(task_arns=["arn:t1"])
+    running = ready(trainer=TrainerObserved(1, TrainerState.RUNNING), trainers_exist=True,
+                    resources=refs)
+    shown = decide(running).status
+    d = decide(replace(running, status=shown, deleting=True))
+    assert d.status.phase == Phase.TERMINATING and is_news(shown, d)
+    shown = d.status
+    gone = replace(running, status=shown, deleting=True, trainer=None, trainers_exist=False)
+    d = decide(gone)
+    assert d.status.cost.running_since is None and is_news(shown, d), "the GPU meter stopped"
+    shown = d.status
+    d = decide(replace(gone, status=shown, resources=ResourceRefs()))
+    assert d.actions and not is_news(shown, d)
+    stuck = replace(d, status=d.status.model_copy(update={"message": "StopTask: throttled"}))
+    assert is_news(shown, stuck)
 
 
 def test_ttl_deletes_the_run_after_it_finishes() -> None:
