@@ -23,6 +23,8 @@ BENCHES = [
      [PY, "bench/operator_bench.py", "--runs", "20"]),
     ("Scale: one operator, many concurrent runs (P4)",
      [PY, "bench/scale_bench.py", "--runs", "10", "100", "500", "1000"]),
+    ("Scale: what one run's status write costs the API server (issue 25)",
+     [PY, "bench/status_write_bench.py", "--writes", "400", "--rounds", "2"]),
     ("Failover: the chart's two replicas, the leader killed (issue 12)",
      [PY, "bench/failover_bench.py", "--kills", "3"]),
     ("Transport (P5)",
