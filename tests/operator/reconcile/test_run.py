@@ -15,6 +15,7 @@ from mtrl_api.run import (
     QueueRef,
     ResourceRefs,
 )
+from mtrl_operator.reconcile import lookups
 from mtrl_operator.reconcile.cost import steady
 from mtrl_operator.reconcile.run import (
     Act,
@@ -117,6 +118,7 @@ def test_a_teardown_is_written_when_it_ends_not_for_each_piece_that_goes() -> No
                        resources=ResourceRefs()))
     assert d.actions == [] and is_news(shown, d)
     assert d.status.resources == ResourceRefs() and d.status.workers.ready == 0
+    assert not lookups.needs_aws(d.status, deleting=False)
 
 
 def test_a_teardown_that_stalls_or_a_deletion_that_begins_is_written_at_once() -> None:
