@@ -69,6 +69,9 @@ async def test_hundreds_of_concurrent_episodes_across_worker_processes(run: Run)
     results = await collector.collect([r.sample_id for r in requests], timeout_s=900)
     elapsed = time.monotonic() - started
     assert len(results) == 240, f"{len(results)} results after {elapsed:.0f}s"
+    unfinished = [f"{r.sample_id} turn {len(r.trajectory)}: {r.stop_reason} ({r.error})"
+                  for r in results.values() if r.stop_reason != "done"]
+    assert not unfinished, f"{len(unfinished)} of 240 after {elapsed:.0f}s: {unfinished[:5]}"
     for request in requests:
         result = results[request.sample_id]
         turns = GUESSES.index(request.data["secret"]) + 1
