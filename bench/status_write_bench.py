@@ -30,6 +30,7 @@ import yaml
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.types import PatchType
+from scale_bench import run_manifest  # the same run as the scale benchmark's
 
 from mtrl_operator.adapters.kube import FIELD_MANAGER, MultiTurnRLRun
 from mtrl_testbed.cluster import LocalCluster
@@ -40,19 +41,6 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 NOW = "2026-12-05T11:29:05Z"
 VARIANTS = ("as generated", "no root rules", "no spec rules", "no rules")
 MODES = ("apply", "merge")
-
-
-def run_manifest(name: str) -> dict[str, Any]:
-    return {"apiVersion": "mtrl.dev/v1alpha1", "kind": "MultiTurnRLRun",
-            "metadata": {"name": name},
-            "spec": {"model": {"name": "random:tiny-qwen2"},
-                     "trainer": {"launcher": "PyTorchJob", "gpusPerNode": 8, "efaPerNode": 32},
-                     "rollout": {"environment": "target"},
-                     "workers": {"backend": "ecs-fargate", "cpu": 256, "memory": 512,
-                                 "ecs": {"subnets": ["subnet-0123abcd"],
-                                         "securityGroups": ["sg-0123abcd"]}},
-                     "dataset": {"inline": {"train": [{"target": "a"}]}},
-                     "output": {"s3Uri": "s3://bench-outputs/runs"}}}
 
 
 def running_status(step: int) -> dict[str, Any]:
@@ -145,7 +133,8 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str], list[float]]:
             cluster.install_crds(path)
             time.sleep(2)  # the API server takes up a changed schema a moment after it is stored
             name = f"run-{i}"
-            client.create(MultiTurnRLRun.from_dict(run_manifest(name)), namespace="default")
+            client.create(MultiTurnRLRun.from_dict(run_manifest(name, "subnet-0123abcd", "sg-0123abcd")),
+                          namespace="default")
             for mode in MODES:
                 write_status(client, name, mode, 0)  # the variant's schema is in use
                 before, start = _cpu(pids), time.monotonic()
