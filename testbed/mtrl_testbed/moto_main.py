@@ -1,4 +1,16 @@
-"""`python -m mtrl_testbed.moto_main [moto_server args]`: moto's server, less three of its costs.
+"""`python -m mtrl_testbed.moto_main [moto_server args]`: moto's server, less three of its costs
+and without its lost updates.
+
+moto's threaded server runs each connection's requests in its own thread against backends that
+hold no locks, and SQS loses messages that way. `Queue.delete_message` rebuilds the queue's
+message list from a copy and assigns it back, so a SendMessage that appends between the two is
+answered 200 and its message is gone; ReceiveMessage also fails now and then with
+`RuntimeError: Set changed size during iteration`, and ECS DescribeTasks with
+`dictionary changed size during iteration`. Real SQS loses nothing it acknowledged, and a
+worker whose generate request vanished waits out MTRL_GENERATE_TIMEOUT_S. `one_at_a_time`
+makes moto answer one request at a time (Python's GIL ran one at a time already, so this costs
+no parallelism); an SQS long poll lets go of the lock while it waits for messages, as the real
+service serves other callers meanwhile.
 
 moto's SQS ReceiveMessage checks each message it returns against the queue's retention period
 by asking `get_queue_attributes` for `MessageRetentionPeriod`, which builds the queue's whole
@@ -37,13 +49,22 @@ from __future__ import annotations
 import functools
 import io
 import logging
+import os
 import sys
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import moto.server
 from moto import backends
 from moto.core.utils import unix_time
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 from moto.server import MotoRequestHandler
-from moto.sqs.models import Message, SQSBackend
+from moto.sqs.models import Message, Queue, SQSBackend
+
+BACKENDS = threading.Lock()  # held while moto reads or changes its state for a request
+
+WsgiApp = Callable[[Any, dict[str, Any], Any], Iterable[bytes]]
 
 
 def fast_retention_check(self: SQSBackend, queue_name: str, message: Message) -> bool:
@@ -63,6 +84,45 @@ def patch() -> bool:
 def read_modules_once() -> None:
     listed = backends.list_of_moto_modules
     backends.list_of_moto_modules = functools.cache(lambda: tuple(listed()))  # type: ignore[assignment]
+
+
+def one_at_a_time(app: WsgiApp) -> WsgiApp:
+    """`app`, answering under BACKENDS; its answer is read whole before the lock is let go, so
+    no backend code runs outside it."""
+
+    @functools.wraps(app)
+    def locked(self: Any, environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        with BACKENDS:
+            answer = app(self, environ, start_response)
+            try:
+                return [b"".join(answer)]
+            finally:
+                close = getattr(answer, "close", None)
+                if close is not None:
+                    close()
+
+    return locked
+
+
+def unlocked_while_waiting(wait: Callable[[Queue, int], None]) -> Callable[[Queue, int], None]:
+    """`Queue.wait_for_messages`, letting go of BACKENDS for the wait: a long poll must not
+    hold back the SendMessage it waits for."""
+
+    @functools.wraps(wait)
+    def waiting(self: Queue, timeout: int) -> None:
+        BACKENDS.release()
+        try:
+            wait(self, timeout)
+        finally:
+            BACKENDS.acquire()
+
+    return waiting
+
+
+def serialize() -> None:
+    DomainDispatcherApplication.__call__ = one_at_a_time(  # type: ignore[method-assign]
+        DomainDispatcherApplication.__call__)
+    Queue.wait_for_messages = unlocked_while_waiting(Queue.wait_for_messages)  # type: ignore[method-assign]
 
 
 class KeepAliveHandler(MotoRequestHandler):
@@ -99,8 +159,11 @@ class KeepAliveHandler(MotoRequestHandler):
 
 
 def main(argv: list[str]) -> None:
+    if switch_s := os.environ.get("MTRL_MOTO_SWITCH_INTERVAL_S"):  # tests: races show sooner
+        sys.setswitchinterval(float(switch_s))
     patch()
     read_modules_once()
+    serialize()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     moto.server.MotoRequestHandler = KeepAliveHandler  # type: ignore[misc]
     moto.server.main(argv)
