@@ -35,9 +35,10 @@ def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
 def turn_seconds(results: Sequence[RolloutResult]) -> float | None:
     """The workers' mean wait for one turn's reply from the policy: the trainer's sampling
     (`turnSampleSeconds`) plus the trip of the request and the response through the queues."""
-    waited = [(r.metric("generate_seconds"), r.metric("model_turns")) for r in results]
-    turns = math.fsum(n for s, n in waited if s is not None and n)
-    return round(math.fsum(s for s, n in waited if s is not None and n) / turns, 4) if turns else None
+    pairs = [(r.metric("generate_seconds"), r.metric("model_turns")) for r in results]
+    waited = [(s, n) for s, n in pairs if s is not None and n]
+    turns = math.fsum(n for _, n in waited)
+    return round(math.fsum(s for s, _ in waited) / turns, 4) if turns else None
 
 
 def components(results: Sequence[RolloutResult]) -> list[ComponentReport]:
