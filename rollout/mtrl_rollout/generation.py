@@ -80,14 +80,20 @@ class GenerationServer:
                 continue
             for message in messages:
                 try:
-                    request, _ = await self._codec.from_body(message.body)
-                    if not isinstance(request, GenerateRequest):
-                        got = type(request).__name__
-                        raise ProtocolError(f"expected GenerateRequest, got {got}")
-                except ProtocolError as exc:
-                    await dead_letter(self._sqs, self._dlq_url, message, str(exc))
-                    continue
-                self._inbox.put_nowait((request, message))
+                    await self._accept(message)
+                except Exception:  # S3 or SQS failed us: this loop must outlive it
+                    log.exception("could not take generate request %s; SQS delivers it again "
+                                  "after its visibility timeout", message.message_id)
+
+    async def _accept(self, message: Received) -> None:
+        try:
+            request, _ = await self._codec.from_body(message.body)
+            if not isinstance(request, GenerateRequest):
+                raise ProtocolError(f"expected GenerateRequest, got {type(request).__name__}")
+        except ProtocolError as exc:
+            await dead_letter(self._sqs, self._dlq_url, message, str(exc))
+            return
+        self._inbox.put_nowait((request, message))
 
     async def _answer(self, request: GenerateRequest, message: Received) -> None:
         if request.deadline is not None and request.deadline <= time.time():

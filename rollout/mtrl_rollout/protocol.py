@@ -240,10 +240,11 @@ class PayloadPointer(_Strict):
 
     protocol_version: Literal["mtrl.rollout/v1"] = PROTOCOL_VERSION
     kind: Literal["payload_pointer"] = "payload_pointer"
-    bucket: str
-    key: str
+    # What S3's client would refuse before asking is malformed here, not a failed read.
+    bucket: Annotated[str, Field(pattern=r"^[a-zA-Z0-9.\-_]{1,255}$")]  # botocore's check
+    key: Annotated[str, Field(min_length=1, max_length=1024)]  # S3's longest key
     size_bytes: Count
-    sha256: str
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 
 
 Message = RolloutRequest | GenerateRequest | GenerateResponse | RolloutResult | PayloadPointer

@@ -75,7 +75,7 @@ class ResultCollector:
                 messages = await self._sqs.receive(self._queue_url, wait_s=wait_s)
                 # Concurrently, so the ten deletes share one call: one by one, a slow queue
                 # could let the visibility timeout lapse and deliver the batch again.
-                for result in await asyncio.gather(*(self._accept(m) for m in messages)):
+                for result in await asyncio.gather(*(self._take(m) for m in messages)):
                     if result is None:
                         continue
                     if result.sample_id in wanted:
@@ -85,6 +85,14 @@ class ResultCollector:
 
         await asyncio.gather(*(receive() for _ in range(self._receivers)))
         return got
+
+    async def _take(self, message: Received) -> RolloutResult | None:
+        try:
+            return await self._accept(message)
+        except Exception:  # S3 or SQS failed us: the step goes on, the result comes again
+            log.exception("could not take result %s; SQS delivers it again after its "
+                          "visibility timeout", message.message_id)
+            return None
 
     async def _accept(self, message: Received) -> RolloutResult | None:
         try:

@@ -336,3 +336,78 @@ async def test_offload_failures_are_explicit(aws_env, bucket, s3_client) -> None
     s3_client.delete_object(Bucket=bucket, Key=pointer["key"])
     with pytest.raises(ProtocolError, match="NoSuchKey"):
         await codec.from_body(json.dumps(pointer))
+
+
+def _unreachable_s3():
+    """An S3 client whose endpoint refuses connections: every read fails as a network fault
+    does, after botocore's own handling (one attempt here, so the test does not wait)."""
+    import boto3
+    from botocore.config import Config
+
+    from mtrl_testbed.ports import free_port
+
+    return boto3.client("s3", endpoint_url=f"http://127.0.0.1:{free_port()}",
+                        config=Config(retries={"max_attempts": 1}, connect_timeout=2))
+
+
+def _pointer_body(bucket: str) -> str:
+    from mtrl_rollout.protocol import PayloadPointer
+
+    return encode(PayloadPointer(bucket=bucket, key="mtrl-payloads/x.json", size_bytes=300_000,
+                                 sha256="0" * 64))
+
+
+async def test_a_pointer_s3_would_refuse_is_malformed(aws_env, bucket, s3_client) -> None:
+    """A pointer naming what no S3 request can name is a poison message for the dead-letter
+    queue, not a failed read (botocore refuses such a bucket name before sending anything)."""
+    from mtrl_rollout.protocol import ProtocolError
+
+    codec = Codec(s3_client, bucket)
+    pointer = json.loads(_pointer_body(bucket))
+    for field, value in (("bucket", "not a bucket!"), ("key", ""), ("sha256", "xyz")):
+        with pytest.raises(ProtocolError, match=field):
+            await codec.from_body(json.dumps({**pointer, field: value}))
+
+
+async def test_consumers_outlive_a_payload_they_cannot_fetch(aws_env, queues, prefix,
+                                                             sqs_client, caplog) -> None:
+    """S3 unreachable while a pointer is read: the generation server and the result collector
+    log it, leave the message for SQS to deliver again, and go on with the next one. Each has
+    one receiver here, so a receiver that died of it would answer nothing more."""
+    reply_url = sqs_client.create_queue(QueueName=f"{prefix}-reply-w1")["QueueUrl"]
+    sqs = Sqs(pool_size=8)
+    codec = Codec(_unreachable_s3(), prefix)
+
+    async def sample(request):
+        from mtrl_rollout.generation import error_response
+
+        return error_response(request, "answered")
+
+    server = GenerationServer(sqs, queues.generate_url, queues.dlq_url, sample, codec=codec,
+                              receivers=1)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(server.serve(stop))
+    request = GenerateRequest(run_id="uid", step=0, group_id="g", sample_id="s", policy_version=0,
+                              turn=0, reply_queue_url=reply_url, request_id="after",
+                              messages=[ChatMessage(role="user", content="hi")])
+    with caplog.at_level(logging.ERROR):
+        await sqs.send(queues.generate_url, Outgoing(_pointer_body(prefix)))
+        await sqs.send(queues.generate_url, Outgoing(encode(request)))
+        replies = []
+        for _ in range(30):
+            replies += await sqs.receive(reply_url, wait_s=1)
+            if replies:
+                break
+        stop.set()
+        await serving
+        assert [json.loads(m.body)["request_id"] for m in replies] == ["after"]
+        assert "could not take generate request" in caplog.text
+
+        await sqs.send(queues.result_url, Outgoing(_pointer_body(prefix)))
+        await sqs.send(queues.result_url, Outgoing(encode(_result("a"))))
+        collector = ResultCollector(sqs, queues.result_url, queues.dlq_url, codec=codec,
+                                    receivers=1)
+        assert list(await collector.collect(["a"], timeout_s=30)) == ["a"]
+        assert "could not take result" in caplog.text
+    await collector.aclose()
+    sqs.close()

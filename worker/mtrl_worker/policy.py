@@ -83,6 +83,13 @@ class PolicyClient:
 
     async def _deliver(self, message: Received) -> None:
         try:
+            await self._accept(message)
+        except Exception:  # S3 or SQS failed us: the poller must outlive it
+            log.exception("could not take reply %s on %s; SQS delivers it again after its "
+                          "visibility timeout", message.message_id, self.reply_queue_url)
+
+    async def _accept(self, message: Received) -> None:
+        try:
             response, pointer = await self._codec.from_body(message.body)
             if not isinstance(response, GenerateResponse):
                 raise ProtocolError(f"expected GenerateResponse, got {type(response).__name__}")
