@@ -87,9 +87,7 @@ class GenerationServer:
 
     async def _accept(self, message: Received) -> None:
         try:
-            request, _ = await self._codec.from_body(message.body)
-            if not isinstance(request, GenerateRequest):
-                raise ProtocolError(f"expected GenerateRequest, got {type(request).__name__}")
+            request, _ = await self._codec.read(message.body, GenerateRequest)
         except ProtocolError as exc:
             await dead_letter(self._sqs, self._dlq_url, message, str(exc))
             return

@@ -17,10 +17,12 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from mtrl_rollout.protocol import (
+    M,
     Message,
     PayloadPointer,
     ProtocolError,
     encode,
+    expect,
     parse_message,
 )
 
@@ -80,6 +82,11 @@ class Codec:
         if isinstance(inner, PayloadPointer):
             raise ProtocolError("payload pointer points at another pointer")
         return inner, message
+
+    async def read(self, body: str, model: type[M]) -> tuple[M, PayloadPointer | None]:
+        """`from_body` for a consumer of one kind of message: any other is a ProtocolError."""
+        message, pointer = await self.from_body(body)
+        return expect(message, model), pointer
 
     async def discard(self, pointer: PayloadPointer | None) -> None:
         if pointer is not None and self.s3 is not None:

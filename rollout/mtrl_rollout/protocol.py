@@ -274,7 +274,11 @@ def parse_message(raw: str | bytes) -> Message:
 
 
 def parse_as(raw: str | bytes, model: type[M]) -> M:
-    message = parse_message(raw)
+    return expect(parse_message(raw), model)
+
+
+def expect(message: Message, model: type[M]) -> M:
+    """`message` if it is a `model`; a ProtocolError naming both otherwise."""
     if not isinstance(message, model):
         raise ProtocolError(f"expected {model.__name__}, got {type(message).__name__}")
     return message

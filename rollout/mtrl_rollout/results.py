@@ -96,9 +96,7 @@ class ResultCollector:
 
     async def _accept(self, message: Received) -> RolloutResult | None:
         try:
-            result, pointer = await self._codec.from_body(message.body)
-            if not isinstance(result, RolloutResult):
-                raise ProtocolError(f"expected RolloutResult, got {type(result).__name__}")
+            result, pointer = await self._codec.read(message.body, RolloutResult)
         except ProtocolError as exc:
             self.malformed += 1
             await dead_letter(self._sqs, self._dlq_url, message, f"malformed result: {exc}")

@@ -40,6 +40,14 @@ def _result(sample: str, reward: float = 1.0) -> RolloutResult:
     )
 
 
+async def _first_replies(sqs: Sqs, reply_url: str, polls: int) -> list:
+    """The first messages to reach the reply queue, in at most `polls` one-second long polls."""
+    for _ in range(polls):
+        if replies := await sqs.receive(reply_url, wait_s=1):
+            return replies
+    return []
+
+
 def _calls(sqs: Sqs, operation: str) -> list[int]:
     """Count calls of one SQS operation through botocore's event hooks."""
     counter: list[int] = []
@@ -215,11 +223,7 @@ async def test_generation_server_answers_on_the_named_reply_queue(
     )
     await sqs.send(queues.generate_url, Outgoing(encode(expired)))
     await sqs.send(queues.generate_url, Outgoing(encode(live)))
-    replies = []
-    for _ in range(10):
-        replies += await sqs.receive(reply_url, wait_s=1)
-        if replies:
-            break
+    replies = await _first_replies(sqs, reply_url, polls=10)
     await asyncio.sleep(0.5)
     replies += await sqs.receive(reply_url, wait_s=0)
     stop.set()
@@ -393,11 +397,7 @@ async def test_consumers_outlive_a_payload_they_cannot_fetch(aws_env, queues, pr
     with caplog.at_level(logging.ERROR):
         await sqs.send(queues.generate_url, Outgoing(_pointer_body(prefix)))
         await sqs.send(queues.generate_url, Outgoing(encode(request)))
-        replies = []
-        for _ in range(30):
-            replies += await sqs.receive(reply_url, wait_s=1)
-            if replies:
-                break
+        replies = await _first_replies(sqs, reply_url, polls=30)
         stop.set()
         await serving
         assert [json.loads(m.body)["request_id"] for m in replies] == ["after"]

@@ -90,9 +90,7 @@ class PolicyClient:
 
     async def _accept(self, message: Received) -> None:
         try:
-            response, pointer = await self._codec.from_body(message.body)
-            if not isinstance(response, GenerateResponse):
-                raise ProtocolError(f"expected GenerateResponse, got {type(response).__name__}")
+            response, pointer = await self._codec.read(message.body, GenerateResponse)
         except ProtocolError as exc:
             await dead_letter(self._sqs, self._dlq_url, message, f"malformed reply: {exc}")
             return

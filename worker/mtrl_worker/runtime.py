@@ -206,9 +206,7 @@ class Worker:
 
     async def _accept(self, message: Received) -> None:
         try:
-            request, pointer = await self._codec.from_body(message.body)
-            if not isinstance(request, RolloutRequest):
-                raise ProtocolError(f"expected RolloutRequest, got {type(request).__name__}")
+            request, pointer = await self._codec.read(message.body, RolloutRequest)
             if request.run_id != self.config.run_id:
                 raise ProtocolError(f"request for run {request.run_id}, not {self.config.run_id}")
         except ProtocolError as exc:
