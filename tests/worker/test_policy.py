@@ -40,7 +40,8 @@ async def until(check, timeout_s: float, what: str) -> None:
 async def test_a_reply_it_cannot_fetch_leaves_the_poller_polling(aws_env, caplog) -> None:
     """A reply whose payload S3 cannot serve now (its endpoint refuses connections) is logged
     and left for SQS to deliver again; the one poller goes on and delivers the next reply. A
-    poller that died of it would leave every later episode waiting out its generate timeout."""
+    poller that died of it would deliver no more replies (and the worker's liveness check would
+    fail, restarting the worker with its episodes)."""
     prefix = f"p-{uuid.uuid4().hex[:10]}"
     sqs_client = boto3.client("sqs")
     queues = create_run_queues(sqs_client, prefix, resource_tags(f"uid-{prefix}", "default",
