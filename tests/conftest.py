@@ -13,6 +13,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from mtrl_testbed.chart_identity import ChartIdentity
 from mtrl_testbed.cluster import REPO_ROOT, LocalCluster
 from mtrl_testbed.moto import EXECUTION_ROLE_ARN, MotoServer
 from mtrl_testbed.operator import OperatorProcess
-from mtrl_testbed.ports import wait_until
+from mtrl_testbed.ports import free_port, wait_until
 
 ARTIFACTS = Path(os.environ.get("MTRL_TEST_ARTIFACTS", REPO_ROOT / "out" / "test"))
 LOG_TAIL_LINES = 40
@@ -67,6 +68,18 @@ def moto_server() -> Iterator[MotoServer]:
     server = MotoServer(log_path=ARTIFACTS / "moto.log").start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def unreachable_s3() -> Any:
+    """An S3 client whose endpoint refuses connections: every read fails as a network fault
+    does, after botocore's own handling (one attempt, so a test does not wait for retries)."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=f"http://127.0.0.1:{free_port()}", region_name="us-west-2",
+                        aws_access_key_id="testing", aws_secret_access_key="testing",
+                        config=Config(retries={"max_attempts": 1}, connect_timeout=2))
 
 
 @pytest.fixture(scope="session")

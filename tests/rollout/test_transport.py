@@ -342,18 +342,6 @@ async def test_offload_failures_are_explicit(aws_env, bucket, s3_client) -> None
         await codec.from_body(json.dumps(pointer))
 
 
-def _unreachable_s3():
-    """An S3 client whose endpoint refuses connections: every read fails as a network fault
-    does, after botocore's own handling (one attempt here, so the test does not wait)."""
-    import boto3
-    from botocore.config import Config
-
-    from mtrl_testbed.ports import free_port
-
-    return boto3.client("s3", endpoint_url=f"http://127.0.0.1:{free_port()}",
-                        config=Config(retries={"max_attempts": 1}, connect_timeout=2))
-
-
 def _pointer_body(bucket: str) -> str:
     from mtrl_rollout.protocol import PayloadPointer
 
@@ -373,14 +361,14 @@ async def test_a_pointer_s3_would_refuse_is_malformed(aws_env, bucket, s3_client
             await codec.from_body(json.dumps({**pointer, field: value}))
 
 
-async def test_consumers_outlive_a_payload_they_cannot_fetch(aws_env, queues, prefix,
-                                                             sqs_client, caplog) -> None:
+async def test_consumers_outlive_a_payload_they_cannot_fetch(aws_env, queues, prefix, sqs_client,
+                                                             unreachable_s3, caplog) -> None:
     """S3 unreachable while a pointer is read: the generation server and the result collector
     log it, leave the message for SQS to deliver again, and go on with the next one. Each has
     one receiver here, so a receiver that died of it would answer nothing more."""
     reply_url = sqs_client.create_queue(QueueName=f"{prefix}-reply-w1")["QueueUrl"]
     sqs = Sqs(pool_size=8)
-    codec = Codec(_unreachable_s3(), prefix)
+    codec = Codec(unreachable_s3, prefix)
 
     async def sample(request):
         from mtrl_rollout.generation import error_response

@@ -165,15 +165,14 @@ def test_no_message_is_lost_to_concurrent_sends_and_deletes(
         sent: set[str] = set()
         received: set[str] = set()
 
-        def take(max_messages: int = 10) -> int:
-            messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=max_messages,
+        def take() -> None:
+            messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
                                            WaitTimeSeconds=0).get("Messages", [])
             if messages:
                 received.update(m["Body"] for m in messages)
                 sqs.delete_message_batch(QueueUrl=url, Entries=[
                     {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
                     for i, m in enumerate(messages)])
-            return len(messages)
 
         def producer_consumer(k: int) -> None:
             for batch in range(60):

@@ -10,7 +10,6 @@ import uuid
 
 import boto3
 import pytest
-from botocore.config import Config
 
 from mtrl_rollout.batching import Outbox
 from mtrl_rollout.generation import error_response
@@ -24,7 +23,6 @@ from mtrl_rollout.protocol import (
 )
 from mtrl_rollout.queues import create_run_queues, resource_tags
 from mtrl_rollout.sqs import Outgoing, Sqs
-from mtrl_testbed.ports import free_port
 from mtrl_worker.policy import GenerationError, PolicyClient
 
 pytestmark = pytest.mark.aws
@@ -37,7 +35,8 @@ async def until(check, timeout_s: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-async def test_a_reply_it_cannot_fetch_leaves_the_poller_polling(aws_env, caplog) -> None:
+async def test_a_reply_it_cannot_fetch_leaves_the_poller_polling(aws_env, unreachable_s3,
+                                                                 caplog) -> None:
     """A reply whose payload S3 cannot serve now (its endpoint refuses connections) is logged
     and left for SQS to deliver again; the one poller goes on and delivers the next reply. A
     poller that died of it would deliver no more replies (and the worker's liveness check would
@@ -47,11 +46,9 @@ async def test_a_reply_it_cannot_fetch_leaves_the_poller_polling(aws_env, caplog
     queues = create_run_queues(sqs_client, prefix, resource_tags(f"uid-{prefix}", "default",
                                                                  prefix, "test"))
     reply_url = sqs_client.create_queue(QueueName=f"{prefix}-reply-w1")["QueueUrl"]
-    unreachable = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{free_port()}",
-                               config=Config(retries={"max_attempts": 1}, connect_timeout=2))
     sqs = Sqs(pool_size=8)
     outbox = Outbox(sqs)
-    client = PolicyClient(sqs, outbox, Codec(unreachable, prefix),
+    client = PolicyClient(sqs, outbox, Codec(unreachable_s3, prefix),
                           generate_queue_url=queues.generate_url, reply_queue_url=reply_url,
                           dlq_url=queues.dlq_url, pollers=1, poll_wait_s=1)
     polling = asyncio.create_task(client.run())
