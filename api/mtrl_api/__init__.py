@@ -23,6 +23,10 @@ EPISODES_FAILED_PREFIX = "episodes failed:"
 # update, with this prefix: its weights, and its last checkpoint, are the last good policy, and
 # another attempt would replay the same data into the same numbers, so it is not retried.
 DIVERGED_PREFIX = "training diverged:"
+# A trainer that played every step and made no optimizer update (every group's rewards were
+# equal, or every group lost an episode) stops with this prefix instead of reporting success:
+# the run trained nothing, and another attempt would play the same tasks to the same end.
+NOTHING_TRAINED_PREFIX = "nothing trained:"
 # A trainer stopped by SIGTERM (suspend, delete, a node drain, an eviction, a preemption)
 # saves a checkpoint at the step it was on and exits with 128 + SIGTERM, as a shell does.
 TERMINATED_EXIT_CODE = 143

@@ -202,7 +202,8 @@ class Toleration(ApiModel):
 OPERATOR_ENV = (
     "AWS_REGION", "MTRL_ATTEMPT", "MTRL_CONCURRENCY", "MTRL_CONFIG", "MTRL_DLQ_URL",
     "MTRL_ENVIRONMENT", "MTRL_ENVIRONMENT_ARGS", "MTRL_EPISODE_TIMEOUT_S",
-    "MTRL_GENERATE_QUEUE_URL", "MTRL_HEALTH_PORT", "MTRL_MAX_TURNS", "MTRL_NAMESPACE",
+    "MTRL_GENERATE_QUEUE_URL", "MTRL_HEALTH_PORT", "MTRL_LAUNCH", "MTRL_MAX_TURNS",
+    "MTRL_NAMESPACE",
     "MTRL_OPERATOR_ID", "MTRL_PAYLOAD_BUCKET", "MTRL_PROGRESS_CONFIGMAP", "MTRL_QUEUE_PREFIX",
     "MTRL_RESULT_QUEUE_URL", "MTRL_REWARD_WEIGHTS", "MTRL_ROLLOUT_QUEUE_URL", "MTRL_RUN_ID",
     "MTRL_RUN_NAME",
@@ -668,6 +669,13 @@ class LifecycleSpec(ApiModel):
     when the trainer runs, so it also covers loading the model. For HyperPodPyTorchJob, set
     it above trainer.hangTimeoutSeconds, so HyperPod's own restart comes first. 0 turns it
     off. Default 1800."""
+    startup_timeout_seconds: int = Field(1800, ge=0, le=604_800)
+    """A trainer pod bound to a node that has not started running after this long is a failed
+    attempt (TrainerStartTimeout), with the kubelet's reason (ImagePullBackOff, ErrImagePull,
+    CreateContainerConfigError, ...): its node is held and billed from the moment it is bound,
+    whether or not the container ever starts. Long enough to pull a large trainer image onto a
+    fresh node. A pod waiting for the scheduler or for Kueue holds no node and is not timed.
+    0 turns it off. Default 1800."""
 
 
 class SchedulingSpec(ApiModel):
@@ -852,9 +860,14 @@ VALIDATION_HISTORY = 64  # evaluations kept in status; metrics.jsonl has them al
 
 class Progress(ApiModel):
     step: int = Field(0, ge=0)
-    """Optimizer steps completed."""
+    """Steps completed: each plays its groups and makes at most one optimizer update (a step
+    whose groups all scored alike, or lost their episodes, updates nothing)."""
     total_steps: int = Field(0, ge=0)
     """grpo.maxSteps."""
+    trained_steps: int | None = Field(None, ge=0)
+    """Steps of this run (over all its attempts, not those of a resumeFrom checkpoint) whose
+    optimizer update changed the adapter. A run that finishes with none fails
+    (NothingTrained)."""
     display: Annotated[str, Field(max_length=64)] = ""
     """step/totalSteps, for kubectl get."""
     reward_mean: float | None = None
@@ -937,7 +950,13 @@ class Cost(ApiModel):
     node_seconds: float = Field(0.0, ge=0.0)
     """Trainer node-seconds of the attempts that stopped running (nodes x seconds held)."""
     running_since: datetime | None = None
-    """When the current trainer attempt started running; empty while none runs."""
+    """Since when the current trainer attempt has held nodes: from the moment a pod of it is
+    bound to a node, running or not (a pod stuck pulling its image holds and bills its node
+    too); empty while none does."""
+    price: float | None = Field(None, ge=0.0)
+    """USD per node-hour of spec.trainer.instanceType in the operator's pricing when the run
+    started: the run is metered and budgeted at it to the end; a later change of the chart's
+    `pricing` applies to new runs only. Empty without a price."""
     gpu_hours: float = Field(0.0, ge=0.0)
     """GPU-hours the trainer has held, at the last status write."""
     usd: float | None = Field(None, ge=0.0)
@@ -978,6 +997,17 @@ class MultiTurnRLRunStatus(ApiModel):
     the create call: a workload of this attempt that is gone later is never created again."""
     observed_attempt: int = Field(0, ge=0)
     """The newest trainer attempt whose workload the operator has seen exist."""
+    trainer_launch: int = Field(0, ge=0)
+    """Trainer workloads the operator has asked for, counting each new attempt and each
+    restart of one after a suspension: the current launch's number, written before its create
+    call and given to the trainer as MTRL_LAUNCH. The trainer echoes it in every progress
+    report, and only a report that carries it counts for the workload now running; a report
+    of an earlier launch (the same attempt before a suspension) proves nothing about this one."""
+    trainer_bound_time: datetime | None = None
+    """When a pod of the current launch was first seen bound to a node (the startup clock,
+    spec.lifecycle.startupTimeoutSeconds)."""
+    trainer_running_time: datetime | None = None
+    """When the current launch was first seen running (with lastStepTime, the hang clock)."""
     adapter_uri: Annotated[str, Field(max_length=1500)] | None = None
     """The newest trained LoRA adapter, in peft format (<outputUri>/adapter/), once a
     checkpoint is saved: what to serve."""

@@ -42,6 +42,13 @@ class CheckpointState:
     optimizer: dict[str, Any] = field(default_factory=dict)
     rng: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)  # one entry per finished step
+    # Steps of this run whose update trained the adapter (a checkpoint written before this
+    # field existed counts its history's updated steps).
+    trained_steps: int = -1
+
+    def __post_init__(self) -> None:
+        if self.trained_steps < 0:
+            self.trained_steps = sum(bool(h.get("updated")) for h in self.history)
 
 
 def capture_rng() -> dict[str, Any]:

@@ -51,6 +51,10 @@ class TrainerSettings(DataPlaneSettings):
     operator_attempt: int | None = Field(
         default=None, ge=0, validation_alias="MTRL_ATTEMPT",
         description="The operator's attempt number, reported with the progress.")
+    operator_launch: int | None = Field(
+        default=None, ge=0, validation_alias="MTRL_LAUNCH",
+        description="The operator's launch number (this workload's), echoed in every progress "
+                    "report: the operator's evidence that this workload wrote it.")
 
     @field_validator("spec", mode="before")
     @classmethod
@@ -83,6 +87,7 @@ class TrainerConfig:
     collect_grace_s: float
     attempt: str  # unique per process start; keeps sample ids of attempts apart
     operator_attempt: int | None = None  # the operator's attempt number (MTRL_ATTEMPT)
+    operator_launch: int | None = None  # the operator's launch number (MTRL_LAUNCH)
 
     @property
     def output_uri(self) -> str:

@@ -19,7 +19,7 @@ from typing import TypeVar
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from mtrl_api import EPISODES_FAILED_PREFIX
+from mtrl_api import EPISODES_FAILED_PREFIX, NOTHING_TRAINED_PREFIX
 from mtrl_rollout.batching import Outbox
 from mtrl_rollout.generation import GenerationServer
 from mtrl_rollout.offload import Codec
@@ -73,6 +73,23 @@ class Terminated(Exception):
 
 class EpisodesFailed(Exception):
     """The run's episodes keep failing: the environment's own error, and how often."""
+
+
+class NothingTrained(EpisodesFailed):
+    """Every step played, none updated the adapter: the run cannot report success."""
+
+
+def nothing_trained(steps: int, failure: str, zero_variance: bool) -> EpisodesFailed:
+    """Why a run that played `steps` steps trained nothing: its episodes kept failing (the
+    last failing step's words), or every group's rewards were equal (GRPO's advantages are
+    all zero then)."""
+    if failure:
+        return EpisodesFailed(f"{EPISODES_FAILED_PREFIX} the run trained nothing in {steps} "
+                              f"steps: {failure}")
+    why = ("every group's rewards were equal, so every advantage was zero" if zero_variance
+           else "no step had a complete group to train on")
+    return NothingTrained(f"{NOTHING_TRAINED_PREFIX} the run played {steps} steps and made no "
+                          f"optimizer update: {why}; see status.progress.zeroVarianceFraction")
 
 
 def most_frequent(errors: list[str]) -> str:
@@ -201,8 +218,8 @@ class Run:
         self._decoder_at = self._decoder_counters()
         self._terminated = asyncio.Event()  # set by SIGTERM, on rank 0's loop
         self._failing_steps = 0  # in a row: more than maxFailedEpisodeFraction failed
-        self._failed_any = False
         self._last_failure = ""
+        self._zero_variance_seen = False
         self._checkpointed_step = self.state.step
         self.update_config = UpdateConfig(
             epsilon=grpo.epsilon, epsilon_high=grpo.epsilon_high, beta=grpo.kl_beta,
@@ -234,7 +251,13 @@ class Run:
         if state is None:
             raise ConfigError(f"spec.output.resumeFrom: the checkpoint in {source} was deleted "
                               "while this run started")
+        if state.step >= self.config.spec.grpo.max_steps:
+            raise ConfigError(f"spec.output.resumeFrom: its checkpoint in {source} is at step "
+                              f"{state.step}, at or past spec.grpo.maxSteps "
+                              f"{self.config.spec.grpo.max_steps}: this run would train "
+                              "nothing; raise maxSteps or resume from an earlier checkpoint")
         log.info("resumed from checkpoint at step %d of %s", state.step, source)
+        state.trained_steps = 0  # that run's updates are not this run's
         return state
 
     @property
@@ -303,7 +326,8 @@ class Run:
             max_steps_off_policy=grpo.max_steps_off_policy,
             max_episodes_in_flight=spec.rollout.max_episodes_in_flight,
         ), outbox, collector, codec)
-        progress = Progress(self._sinks(), attempt=config.operator_attempt)
+        progress = Progress(self._sinks(), attempt=config.operator_attempt,
+                            launch=config.operator_launch)
         stop = asyncio.Event()
         serving = asyncio.create_task(server.serve(stop))
         self._reported_at = time.monotonic()
@@ -343,10 +367,11 @@ class Run:
                     await self._step(step, ahead.pop(step), tasks, orchestrator, progress)
                     if self._terminated.is_set():
                         raise Terminated()
-                if self._failed_any and self.optimizer_steps == 0:
-                    raise EpisodesFailed(f"{EPISODES_FAILED_PREFIX} the run trained nothing in "
-                                         f"{grpo.max_steps} steps: {self._last_failure}")
-                progress.succeeded(self.state.step, grpo.max_steps)  # the last checkpoint saved
+                if not self.state.trained_steps:
+                    raise nothing_trained(grpo.max_steps, self._last_failure,
+                                          self._zero_variance_seen)
+                # the last checkpoint is saved
+                progress.succeeded(self.state.step, grpo.max_steps, self.state.trained_steps)
             except Terminated:
                 raise Terminated(await self._save_on_termination(progress)) from None
 
@@ -400,6 +425,8 @@ class Run:
         stats = await asyncio.to_thread(self._update, rows, step + 1)
         update_s = time.monotonic() - update_started
         self.state.step = step + 1
+        self.state.trained_steps += stats is not None
+        self._zero_variance_seen |= prepared.zero_variance_groups > 0
         validation, passes = await self._validate_if_due(tasks, orchestrator)
         rewards = [r.aggregate_reward_score for r in rollouts.results]
         reward_mean, reward_std = mean_std(rewards)
@@ -426,6 +453,7 @@ class Run:
             "turnSeconds": turn_seconds(rollouts.results),
             **self._decoder_since_last_report(),
             "failedEpisodes": rollouts.counts.failed,
+            "lateEpisodes": rollouts.counts.late,
         }
         self.state.history.append({
             "step": self.state.step, "attempt": self.config.attempt, "policyVersion": version,
@@ -450,7 +478,7 @@ class Run:
             tokens_per_second=tokens_sampled / decode_s if decode_s else None,
             components=components(rollouts.results), policy_version=self.state.step,
             training=training, failed_episode_fraction=failed,
-            episode_error=most_frequent(rollouts.errors),
+            episode_error=most_frequent(rollouts.errors), trained_steps=self.state.trained_steps,
         ))
         await self._close_step(progress)
 
@@ -551,14 +579,16 @@ class Run:
     def _judge_failures(self, step: int, rollouts: Rollouts) -> float | None:
         """The step's failed-episode fraction; counts failing steps in a row."""
         spec = self.config.spec
-        published = rollouts.counts.published
-        if not published:
+        counts = rollouts.counts
+        if not counts.published:
             return None
-        failed = rollouts.counts.failed / published
+        # A result that never came is a lost episode too: its worker crashed, could not write
+        # it (a role without s3:PutObject for a large payload), or it could not be read here.
+        lost = counts.failed + counts.late
+        failed = lost / counts.published
         if failed > spec.rollout.max_failed_episode_fraction:
             self._failing_steps += 1
-            self._failed_any = True
-            self._last_failure = (f"step {step + 1}: {rollouts.counts.failed} of {published} "
+            self._last_failure = (f"step {step + 1}: {lost} of {counts.published} "
                                   f"episodes failed: {most_frequent(rollouts.errors)}")
             log.warning("failing step (%d in a row): %s", self._failing_steps,
                         self._last_failure)

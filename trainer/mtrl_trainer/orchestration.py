@@ -231,6 +231,12 @@ class Orchestrator:
         return got
 
 
+# What a result that never came is called where the step's errors are counted: its worker
+# stopped or timed out sending it, could not write its payload, or it could not be read here.
+LATE = ("no result came back (the worker stopped, or its result could not be sent, written "
+        "to S3 or read back)")
+
+
 def oldest_turn_version(result: RolloutResult) -> int:
     return min([t.policy_version for t in result.trajectory] + [result.policy_version])
 
@@ -248,6 +254,7 @@ def judge(
         result = got.get(request.sample_id)
         if result is None:
             counts.late += 1
+            errors.append(LATE)
         elif result.stop_reason in (StopReason.ERROR, StopReason.TIMEOUT):
             counts.failed += 1
             errors.append(result.error or f"the episode ended with {result.stop_reason.value}")

@@ -3,7 +3,8 @@
 The operator creates the ConfigMap (named in MTRL_PROGRESS_CONFIGMAP) with a Role that lets the
 trainer's ServiceAccount get and patch that one object, watches it, and copies
 `progress.json` into the run's status; the schema is the status' `progress` in camelCase plus
-`policyVersion`, `attempt` (the operator's attempt number, MTRL_ATTEMPT) and, once training
+`policyVersion`, `trainedSteps`, `attempt` (the operator's attempt number, MTRL_ATTEMPT), `launch`
+(the operator's launch number, MTRL_LAUNCH: which workload wrote the report) and, once training
 finished and its last checkpoint is saved, `outcome: "Succeeded"`. The ConfigMap outlives the
 trainer's workload, so the operator learns how an attempt ended even when something (a
 HyperPodPyTorchJob's ttlSecondsAfterFinished of 0) deleted the workload first. A failed report
@@ -51,6 +52,7 @@ class ProgressReport:
     training: dict[str, Any] = field(default_factory=dict)
     failed_episode_fraction: float | None = None
     episode_error: str = ""  # the step's most frequent one, in the environment's words
+    trained_steps: int | None = None  # steps of this run whose update trained the adapter
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +73,7 @@ class ProgressReport:
                 for c in self.components
             ],
             "policyVersion": self.policy_version,
+            "trainedSteps": self.trained_steps,
             "failedEpisodeFraction": self.failed_episode_fraction,
             "episodeError": self.episode_error,
             "updatedAt": _now(),
@@ -150,9 +153,11 @@ def _now() -> str:
 
 
 class Progress:
-    def __init__(self, sinks: list[ProgressSink], attempt: int | None = None) -> None:
+    def __init__(self, sinks: list[ProgressSink], attempt: int | None = None,
+                 launch: int | None = None) -> None:
         self.sinks = sinks
         self.attempt = attempt
+        self.launch = launch
         self._last: dict[str, Any] | None = None
         self._checkpoint: str | None = None
 
@@ -169,16 +174,19 @@ class Progress:
         if self._last is not None:
             self._send({**self._last, "latestCheckpoint": uri, "updatedAt": _now()})
 
-    def succeeded(self, step: int, total_steps: int) -> None:
+    def succeeded(self, step: int, total_steps: int, trained_steps: int) -> None:
         """The last report again, marked as the outcome: written only after the final
-        checkpoint, so a reader may take it as "this run is done"."""
-        body = self._last or {"step": step, "totalSteps": total_steps, "components": [],
-                              "policyVersion": step}
-        self._send({**body, "outcome": SUCCEEDED, "updatedAt": _now()})
+        checkpoint, so a reader may take it as "this run is done". With the step reached and
+        the steps that trained, it is the operator's evidence (docs/trainer-contract.md)."""
+        body = self._last or {"components": [], "policyVersion": step}
+        self._send({**body, "step": step, "totalSteps": total_steps,
+                    "trainedSteps": trained_steps, "outcome": SUCCEEDED, "updatedAt": _now()})
 
     def _send(self, body: dict[str, Any]) -> None:
         if self.attempt is not None:
             body = {**body, "attempt": self.attempt}
+        if self.launch is not None:  # which workload wrote it: the operator's MTRL_LAUNCH
+            body = {**body, "launch": self.launch}
         self._last = body
         for sink in self.sinks:
             try:

@@ -37,12 +37,11 @@ from datasets import Dataset
 from transformers import PreTrainedTokenizer, PrinterCallback, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from mtrl_api import EPISODES_FAILED_PREFIX
 from mtrl_rollout.protocol import RolloutResult
 from mtrl_rollout.trajectory import flatten
 from mtrl_trainer.config import ConfigError
 from mtrl_trainer.dataset import Task, load_tasks
-from mtrl_trainer.loop import EpisodesFailed, Run, Terminated, most_frequent
+from mtrl_trainer.loop import Run, Terminated, most_frequent, nothing_trained
 from mtrl_trainer.orchestration import Pending, Rollouts
 from mtrl_trainer.progress import ProgressReport
 from mtrl_trainer.stats import components, mean_std, success_rate, turn_seconds
@@ -202,7 +201,6 @@ class TrlRun(Run):
             self._loop = asyncio.get_running_loop()
             self._orchestrator, self._tasks, self._progress = orchestrator, tasks, progress
             self._pause = contextlib.ExitStack()
-            self._trained_groups = 0
             try:
                 if spec.dataset.eval_on_start and tasks.validation and first == 0:
                     await self._evaluate_base(tasks, orchestrator, progress)
@@ -210,10 +208,10 @@ class TrlRun(Run):
                     await self._train(rows, grpo.max_steps - first)
                 if self._terminated.is_set():
                     raise Terminated()
-                if self._failed_any and self._trained_groups == 0:
-                    raise EpisodesFailed(f"{EPISODES_FAILED_PREFIX} the run trained nothing in "
-                                         f"{grpo.max_steps} steps: {self._last_failure}")
-                progress.succeeded(self.state.step, grpo.max_steps)
+                if not self.state.trained_steps:
+                    raise nothing_trained(grpo.max_steps, self._last_failure,
+                                          self._zero_variance_seen)
+                progress.succeeded(self.state.step, grpo.max_steps, self.state.trained_steps)
             except Terminated:  # from a wait in TRL's thread, or after the step it finished
                 raise Terminated(await self._save_on_termination(progress)) from None
 
@@ -294,7 +292,9 @@ class TrlRun(Run):
         rewards = [r.aggregate_reward_score for r in rollouts.results]
         reward_mean, reward_std = mean_std(rewards)
         flat = [len({r.aggregate_reward_score for r in g}) == 1 for g in rollouts.groups]
-        self._trained_groups += flat.count(False)
+        # TRL steps its optimizer whatever the advantages; all-zero ones change nothing.
+        self.state.trained_steps += flat.count(False) > 0
+        self._zero_variance_seen |= any(flat)
         validation, passes = self._on_loop(self._validate_if_due(self._tasks,
                                                                 self._orchestrator))
         self.state.history.append({
@@ -313,13 +313,14 @@ class TrlRun(Run):
             tokens_per_second=tokens_sampled / decode_s if decode_s else None,
             components=components(rollouts.results),
             policy_version=step, failed_episode_fraction=failed,
-            episode_error=most_frequent(rollouts.errors),
+            episode_error=most_frequent(rollouts.errors), trained_steps=self.state.trained_steps,
             training={"engine": "trl", "stepSeconds": round(step_s, 3),
                       "completionTokens": tokens_sampled, "rolloutSeconds": round(seconds, 3),
                       "decodeSeconds": round(decode_s, 3),
                       "turnSeconds": turn_seconds(rollouts.results),
                       **self._decoder_since_last_report(),
                       "failedEpisodes": rollouts.counts.failed,
+                      "lateEpisodes": rollouts.counts.late,
                       **{f"trl/{k}": v for k, v in logs.items()}},
         ))
         self._on_loop(self._close_step(self._progress))

@@ -49,13 +49,16 @@ def worker_env(names: RunNames, spec: MultiTurnRLRunSpec, queue_urls: dict[str, 
 
 
 def trainer_env(names: RunNames, spec: MultiTurnRLRunSpec, queue_urls: dict[str, str],
-                region: str, attempt: int) -> dict[str, str]:
+                region: str, attempt: int, launch: int = 0) -> dict[str, str]:
+    """MTRL_LAUNCH names the workload: the trainer echoes it in every progress report, so the
+    operator takes a report as this workload's only when it carries the number."""
     return {
         **{e.name: e.value for e in spec.trainer.env},  # first: the operator's names win
         **data_plane_env(names, spec, queue_urls, region),
         "MTRL_CONFIG": f"{CONFIG_DIR}/{CONFIG_FILE}",
         "MTRL_PROGRESS_CONFIGMAP": names.progress_config_map,
         "MTRL_ATTEMPT": str(attempt),
+        "MTRL_LAUNCH": str(launch),
     }
 
 

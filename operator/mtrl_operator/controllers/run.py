@@ -55,7 +55,7 @@ from mtrl_operator.reconcile.readings import (
     trainer_report,
     trainer_state,
     with_cause,
-    with_placement,
+    with_pods,
 )
 from mtrl_operator.reconcile.run import decide, is_news, stalled
 from mtrl_operator.reconcile.workers import newest_stopped, pod_problem, stopped_task_problem
@@ -280,8 +280,8 @@ class Controller:
                 meta["resourceVersion"]) or {})
             return 0.0
 
-        spec, spec_error = self._parse_spec(body)
         status = self._parse_status(body)
+        spec, spec_error = self._parse_spec(body, status)
         checked = None
         if spec is not None and spec_error is None and preflight_due(status, deleting):
             nodes = self.children.nodes
@@ -333,15 +333,19 @@ class Controller:
         # (ECS has no watch: a stopped worker task is seen only by looking).
         return min(wait, resync)
 
-    def _parse_spec(self, body: dict[str, Any]) -> tuple[MultiTurnRLRunSpec | None,
-                                                        tuple[str, str] | None]:
+    def _parse_spec(self, body: dict[str, Any], status: MultiTurnRLRunStatus
+                    ) -> tuple[MultiTurnRLRunSpec | None, tuple[str, str] | None]:
+        """The spec, and what makes it unable to run. The checks against the operator's own
+        settings (its pricing, its environment catalog, its ECS defaults) are made until the
+        run starts: a run is judged by the settings it started with, so an upgrade of the
+        operator never fails a run that is under way."""
         try:
             spec = MultiTurnRLRunSpec.model_validate(body.get("spec") or {})
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             return None, ("InvalidSpec", f"spec.{where}: {first['msg']}")
-        return spec, spec_problem(spec, self.settings)
+        return spec, spec_problem(spec, self.settings) if status.start_time is None else None
 
     @staticmethod
     def _parse_status(body: dict[str, Any]) -> MultiTurnRLRunStatus:
@@ -370,7 +374,6 @@ class Controller:
                                     and not spec.workers.ecs.log_group)
         logs_exist = deleting and own_logs and await self.aws.log_group_exists(names.log_group)
         progress_cm = trainer.progress
-        reported_attempt, outcome = trainer_report(progress_cm) if progress_cm else (None, None)
         return Observed(
             now=dt.datetime.now(dt.UTC),
             generation=body["metadata"].get("generation", 0),
@@ -382,7 +385,7 @@ class Controller:
             trainer_workloads=tuple(trainer.workloads), resources=refs,
             progress=progress_from_configmap(progress_cm) if progress_cm else None,
             namespace=names.namespace, name=names.name, uid=names.uid,
-            reported_attempt=reported_attempt, trainer_outcome=outcome,
+            report=trainer_report(progress_cm) if progress_cm else None,
             worker_problem=workers.problem, ecs_tasks=workers.tasks,
             task_definitions_listed=workers.definitions_listed,
             workers_stopped=workers.stopped,
@@ -468,13 +471,20 @@ class Controller:
             return TrainerSeen(None, workloads, progress, *left)
         (kind, name), obj = found
         current = trainer_state(kind, obj, status.attempts)
+        if lookups.needs_live_report(current, trainer_report(progress) if progress else None,
+                                     status):
+            # The workload's end can come through its watch before the trainer's last patch
+            # of the report comes through the ConfigMap's: the verdict is read from the API
+            # server, which had the report before the trainer exited.
+            progress = await self.kube.get("ConfigMap", names.progress_config_map,
+                                           names.namespace) or progress
         if lookups.needs_trainer_pods(current, lookups.is_live(spec, status, deleting)):
             labels = {**names.labels("trainer"), LABEL_ATTEMPT: str(current.attempt)}
             pods = (await self.kube.labelled("Pod", names.namespace, labels)
                     if lookups.trainer_pods_live(current)
                     else self.children.pods_of(names.uid, labels))
             current = (with_cause(current, pods) if current.state == TrainerState.FAILED
-                       else with_placement(current, pods))
+                       else with_pods(current, pods))
         if lookups.needs_queue_hold(current) and spec is not None:
             held = await self.kube.queue_workloads(names.namespace, obj["metadata"]["uid"])
             current = replace(current, message=queue_hold(spec.scheduling.queue_name or "",

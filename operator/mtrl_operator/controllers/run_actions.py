@@ -88,7 +88,8 @@ class RunActions:
                 done.placement = await self._ensure_workers(body, names, spec, obs)
             elif action == Act.ENSURE_TRAINER:
                 assert spec is not None
-                await self._ensure_trainer(body, names, spec, obs, decision.attempt)
+                await self._ensure_trainer(body, names, spec, obs, decision.attempt,
+                                          decision.status.trainer_launch)
             elif action == Act.DELETE_TRAINER:
                 await self._announce(body, names, action,
                                      await self._delete_trainers(body, names, obs))
@@ -137,9 +138,10 @@ class RunActions:
         return await self.aws.run_tasks(requests)
 
     async def _ensure_trainer(self, body: dict[str, Any], names: RunNames,
-                              spec: MultiTurnRLRunSpec, obs: Observed, attempt: int) -> None:
+                              spec: MultiTurnRLRunSpec, obs: Observed, attempt: int,
+                              launch: int) -> None:
         owner = owner_reference(body)
-        env = trainer_env(names, spec, _queue_urls(obs), self.settings.region, attempt)
+        env = trainer_env(names, spec, _queue_urls(obs), self.settings.region, attempt, launch)
         await self.kube.create(trainer_builders.config_map(names, spec, owner))
         for manifest in trainer_builders.progress_channel(names, spec, owner):
             await self.kube.create(manifest)

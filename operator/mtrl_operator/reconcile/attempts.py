@@ -1,13 +1,15 @@
 """The trainer's part of the run's state machine: one attempt at a time, and what its
-outcome means: success ends the run; a failure starts the next attempt while the operator
-owns retries and the backoff limit allows, except after a configuration error or episodes
-that kept failing; an evicted or preempted trainer resumes without counting; a trainer with
-no step for progressTimeoutSeconds is a hung (failed) attempt. Pure."""
+outcome means: success, proven by the current launch's own report, ends the run; a failure
+starts the next attempt while the operator owns retries and the backoff limit allows, except
+after a configuration error, episodes that kept failing or steps that trained nothing; an
+evicted or preempted trainer resumes without counting; a trainer with no step for
+progressTimeoutSeconds is a hung (failed) attempt, and one whose pod holds a node without
+starting for startupTimeoutSeconds a failed one. Pure."""
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from mtrl_api.run import LauncherKind, MultiTurnRLRunSpec, Phase
 from mtrl_operator.reconcile.draft import (
@@ -18,6 +20,7 @@ from mtrl_operator.reconcile.draft import (
     Event,
     Observed,
     TrainerObserved,
+    TrainerReport,
     TrainerState,
     duration,
     teardown,
@@ -29,14 +32,50 @@ _OWNER_TEXT = {RetryOwner.HYPERPOD_AUTO_RESUME: "HyperPod auto-resume",
                RetryOwner.HYPERPOD_TRAINING_OPERATOR: "the HyperPod training operator"}
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What the current launch's own report proves: that it trained (`proven`), that it played
+    every step and trained nothing (`nothing_trained`), or neither, and then what is missing."""
+
+    proven: bool = False
+    nothing_trained: bool = False
+    missing: str = ""
+
+
+def this_launch(st: Draft) -> TrainerReport | None:
+    """The trainer's report, if the current launch wrote it: it carries the launch number the
+    operator gave that workload (MTRL_LAUNCH). A report of an earlier launch (the same attempt
+    before a suspension, a predecessor that is gone) proves nothing about this one."""
+    report, launch = st.obs.report, st.s.trainer_launch
+    return report if report is not None and launch and report.launch == launch else None
+
+
+def evidence(st: Draft, spec: MultiTurnRLRunSpec) -> Evidence:
+    """Success needs the current launch's report of it: the outcome, every step played
+    (grpo.maxSteps) and at least one that trained the adapter. A workload that completed, an
+    exit code of 0 or a report of another launch are not evidence."""
+    report, total = this_launch(st), spec.grpo.max_steps
+    if report is None:
+        return Evidence(missing=f"without a progress report of its launch ({st.s.trainer_launch},"
+                                " MTRL_LAUNCH)")
+    played = f"after {report.step} of {total} steps"
+    if report.outcome != SUCCEEDED_OUTCOME:
+        return Evidence(missing=f"{played} without reporting an outcome")
+    if report.step < total:
+        return Evidence(missing=f"reporting {SUCCEEDED_OUTCOME} {played}")
+    if report.trained_steps is None:
+        return Evidence(missing=f"reporting {SUCCEEDED_OUTCOME} without trainedSteps")
+    return Evidence(proven=report.trained_steps > 0, nothing_trained=report.trained_steps == 0)
+
+
 def _launched_and_gone(st: Draft, obs: Observed, attempt: int) -> bool:
-    """The current attempt's workload existed and is gone. Asked for alone is not enough: the
-    operator may have stopped between recording the attempt and creating it. Seen by a
-    reconcile, or reported from by its trainer, is: then creating it again would run a
-    finished or failed attempt a second time."""
+    """The current launch's workload existed and is gone. Asked for alone is not enough: the
+    operator may have stopped between recording the launch and creating it. Seen by a
+    reconcile, or reported from by its trainer (a report carrying its launch number), is:
+    then creating it again would run a finished or failed attempt a second time."""
     if st.s.launched_attempt < attempt:
         return False
-    return st.s.observed_attempt >= attempt or obs.reported_attempt == attempt
+    return st.s.observed_attempt >= attempt or this_launch(st) is not None
 
 
 def _vanished(spec: MultiTurnRLRunSpec, attempt: int) -> str:
@@ -52,29 +91,37 @@ def under_way(st: Draft) -> bool:
     its outcome is read whatever the workers do. Recorded alone is not enough: a launch cut
     short before its create call waits for `minReplicas` workers like any other, since
     the workers may have gone while the operator was away."""
-    return (st.obs.trainers_exist or st.obs.trainer_outcome == SUCCEEDED_OUTCOME
-            or _launched_and_gone(st, st.obs, st.s.attempts))
+    return st.obs.trainers_exist or _launched_and_gone(st, st.obs, st.s.attempts)
 
 
-def trainer_succeeded(st: Draft) -> bool:
-    """The current attempt's trainer finished training, by its workload or its report."""
-    trainer = st.obs.trainer
-    return st.obs.trainer_outcome == SUCCEEDED_OUTCOME or (
+def trainer_finished(st: Draft, spec: MultiTurnRLRunSpec) -> bool:
+    """The current launch's trainer finished: its report says so, or its workload does (which
+    is then judged by the report)."""
+    trainer, proof = st.obs.trainer, evidence(st, spec)
+    return proof.proven or proof.nothing_trained or (
         trainer is not None and trainer.attempt == st.s.attempts
         and trainer.state == TrainerState.SUCCEEDED)
 
 
 def trainer(st: Draft, spec: MultiTurnRLRunSpec) -> Decision:
-    """One attempt at a time; its outcome ends the run or starts the next attempt."""
+    """One attempt at a time; its outcome ends the run or starts the next attempt. The run
+    succeeds on the current launch's own evidence alone, whatever its workload says: a
+    workload that completed without it is a failed attempt that names what is missing, and
+    one that failed after its trainer proved success (a crash on the way out) ends the run
+    Succeeded."""
     attempt = st.s.attempts
     trainer = _current_attempt(st, spec, attempt)
     if isinstance(trainer, Decision):
         return trainer
+    proof = evidence(st, spec)
+    if proof.proven or proof.nothing_trained:
+        return _trained(st, spec, attempt, proof)
     if trainer.state == TrainerState.SUCCEEDED:
-        st.cond("TrainerReady", False, "TrainerSucceeded", trainer.message)
-        st.finish(True, "TrainingComplete", f"trained {st.s.progress.step} steps in "
-                                            f"{attempt} attempt(s)")
-        return st.done(teardown(st.obs), requeue=0.2)
+        trainer = replace(trainer, state=TrainerState.FAILED,
+                          message=f"the trainer exited 0 {proof.missing}")
+    _clock(st, trainer)
+    if (never := _never_started(st, spec, trainer)) is not None:
+        trainer = replace(trainer, state=TrainerState.FAILED, message=never, never_started=True)
     if trainer.state == TrainerState.RUNNING and (hung := _hang(st, spec)) is not None:
         trainer = replace(trainer, state=TrainerState.FAILED, message=hung, hung=True)
     if trainer.state == TrainerState.FAILED:
@@ -86,7 +133,8 @@ def trainer(st: Draft, spec: MultiTurnRLRunSpec) -> Decision:
         st.events.append(Event("Warning" if st.s.phase == Phase.RUNNING else "Normal",
                                "TrainerQueued", f"attempt {attempt}: {trainer.message}"))
     st.cond("TrainerReady", running, "Unschedulable" if trainer.unschedulable else
-            "AwaitingAdmission" if trainer.held else trainer.state.value, trainer.message)
+            "AwaitingAdmission" if trainer.held else
+            "ContainerCannotStart" if trainer.waiting else trainer.state.value, trainer.message)
     if not running:  # say what it waits for on the run, not only in its condition
         st.s.message = f"waiting for the trainer (attempt {attempt}): " \
                        f"{trainer.message or trainer.state.value.lower()}"
@@ -101,12 +149,59 @@ def trainer(st: Draft, spec: MultiTurnRLRunSpec) -> Decision:
     return st.wait([])
 
 
+def _trained(st: Draft, spec: MultiTurnRLRunSpec, attempt: int, proof: Evidence) -> Decision:
+    """The current launch reported its outcome with every step played: Succeeded if a step
+    trained the adapter, else Failed (NothingTrained, not retried: another attempt would play
+    the same tasks to the same end)."""
+    report = this_launch(st)
+    assert report is not None
+    total = spec.grpo.max_steps
+    if proof.proven:
+        st.cond("TrainerReady", False, "TrainerSucceeded",
+                "the trainer reported that training finished")
+        st.finish(True, "TrainingComplete",
+                  f"trained {total} steps ({report.trained_steps} updated the adapter) in "
+                  f"{attempt} attempt(s)")
+    else:
+        st.finish(False, "NothingTrained",
+                  f"the trainer played all {total} steps and no step updated the adapter: every "
+                  "group's rewards were equal or lost an episode, so GRPO had nothing to learn "
+                  "from (status.progress.zeroVarianceFraction, failedEpisodeFraction)")
+    return st.done(teardown(st.obs), requeue=0.2)
+
+
+def _clock(st: Draft, trainer: TrainerObserved) -> None:
+    """When the current launch's pods were first seen holding a node, and running."""
+    running = trainer.state in (TrainerState.RUNNING, TrainerState.RESTARTING)
+    if (trainer.bound or running) and st.s.trainer_bound_time is None:
+        st.s.trainer_bound_time = st.obs.now
+    if running and st.s.trainer_running_time is None:
+        st.s.trainer_running_time = st.obs.now
+
+
+def _never_started(st: Draft, spec: MultiTurnRLRunSpec, trainer: TrainerObserved) -> str | None:
+    """Why a trainer whose pod holds a node but never ran counts as a failed attempt
+    (lifecycle.startupTimeoutSeconds after it was bound), or None; the run is requeued for
+    the moment it would."""
+    limit, since = spec.lifecycle.startup_timeout_seconds, st.s.trainer_bound_time
+    if (not limit or since is None or st.s.trainer_running_time is not None
+            or trainer.state != TrainerState.PENDING):
+        return None
+    left = limit - (st.obs.now - since).total_seconds()
+    if left > 0:
+        st.deadline_in = left if st.deadline_in is None else min(st.deadline_in, left)
+        return None
+    said = trainer.waiting or trainer.message or "the kubelet gave no reason"
+    return (f"its pod was bound to a node {duration(limit)} ago and never started "
+            f"(spec.lifecycle.startupTimeoutSeconds): {said}")
+
+
 def _hang(st: Draft, spec: MultiTurnRLRunSpec) -> str | None:
     """Why a running trainer counts as hung (no step for progressTimeoutSeconds, counted from
     the newest of its last step and its start), or None; the run is requeued for the moment
     it would be."""
     timeout = spec.lifecycle.progress_timeout_seconds
-    marks = [t for t in (st.s.progress.last_step_time, st.s.cost.running_since) if t]
+    marks = [t for t in (st.s.progress.last_step_time, st.s.trainer_running_time) if t]
     if not timeout or not marks:
         return None
     since = max(marks)
@@ -127,10 +222,12 @@ def _current_attempt(st: Draft, spec: MultiTurnRLRunSpec,
         st.s.observed_attempt = max(st.s.observed_attempt, attempt)
         return obs.trainer
     if obs.trainers_exist:  # an older attempt is still there; remove it first
+        st.s.message = f"removing the trainer of an earlier attempt before attempt {attempt}"
         return st.wait([Act.DELETE_TRAINER], requeue=1.0)
-    if obs.trainer_outcome == SUCCEEDED_OUTCOME:
+    proof = evidence(st, spec)
+    if proof.proven or proof.nothing_trained:
         # The workload is gone (a ttlSecondsAfterFinished of 0 deletes a finished
-        # HyperPodPyTorchJob at once), but the trainer recorded that it finished.
+        # HyperPodPyTorchJob at once), but its trainer recorded that it finished.
         return TrainerObserved(attempt, TrainerState.SUCCEEDED,
                                "the trainer reported that training finished")
     if _launched_and_gone(st, obs, attempt):
@@ -138,8 +235,12 @@ def _current_attempt(st: Draft, spec: MultiTurnRLRunSpec,
     if (wait := _backing_off(st, attempt)) is not None:
         return wait
     # Recorded before the create call (status is written before any action), so a workload
-    # that exists once is never created a second time.
-    st.s.launched_attempt = attempt
+    # that exists once is never created a second time; a new launch gets a new number, which
+    # the trainer echoes, so no report of an earlier one stands for it.
+    if st.s.launched_attempt < attempt:
+        st.s.launched_attempt = attempt
+        st.s.trainer_launch += 1
+        st.s.trainer_bound_time = st.s.trainer_running_time = None
     st.cond("TrainerReady", False, "CreatingTrainer", f"attempt {attempt}")
     return st.wait([Act.ENSURE_TRAINER], requeue=2.0, attempt=attempt)
 
@@ -171,8 +272,11 @@ def _failed_attempt(st: Draft, spec: MultiTurnRLRunSpec, trainer: TrainerObserve
     attempt, counted as no failure."""
     attempt, lifecycle = trainer.attempt, spec.lifecycle
     cleanup = [Act.DELETE_TRAINER] if st.obs.trainers_exist else []
-    if trainer.config_error or trainer.episodes_failed or trainer.diverged:
+    if trainer.config_error or trainer.episodes_failed or trainer.diverged \
+            or trainer.nothing_trained:
         reason, what = (("TrainerConfigError", "a configuration error") if trainer.config_error
+                        else ("NothingTrained", "steps that trained nothing")
+                        if trainer.nothing_trained
                         else ("EpisodesFailed", "episodes that kept failing")
                         if trainer.episodes_failed
                         else ("TrainingDiverged", "a gradient that was not finite"))
@@ -187,7 +291,8 @@ def _failed_attempt(st: Draft, spec: MultiTurnRLRunSpec, trainer: TrainerObserve
                                f" resuming in attempt {attempt + 1} from the latest checkpoint, "
                                "not counted as a failure"))
         return st.wait(cleanup, requeue=0.5)
-    reason = "TrainerHung" if trainer.hung else "TrainerFailed"
+    reason = ("TrainerHung" if trainer.hung else "TrainerStartTimeout" if trainer.never_started
+              else "TrainerFailed")
     owner = retry_owner(spec.trainer.launcher, st.obs.namespace)
     if owner != RetryOwner.OPERATOR:
         st.finish(False, reason,
@@ -201,7 +306,7 @@ def _failed_attempt(st: Draft, spec: MultiTurnRLRunSpec, trainer: TrainerObserve
         st.s.attempts = attempt + 1
         st.s.next_attempt_time = st.obs.now + dt.timedelta(
             seconds=retry_backoff(st.obs.retry_backoff_seconds, st.s.failed_attempts))
-        st.cond("TrainerReady", False, "TrainerHung" if trainer.hung else "Retrying",
+        st.cond("TrainerReady", False, reason if reason != "TrainerFailed" else "Retrying",
                 trainer.message)
         st.events.append(Event("Warning", reason,
                                f"attempt {attempt} {'hung' if trainer.hung else 'failed'} "

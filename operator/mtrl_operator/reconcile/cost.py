@@ -1,6 +1,8 @@
 """What a run's trainer costs: node-time held, priced per instance type. Pure.
 
-The meter counts while the trainer runs (its pods hold the nodes); closed intervals accumulate
+The meter counts while the trainer's pods hold nodes: from the moment one is bound to a node,
+whether its container runs or is stuck pulling its image (a node is billed either way), until
+none is; closed intervals accumulate
 in `nodeSeconds`, the open one starts at `runningSince`, so the total at any moment is exact
 however rarely the run is reconciled. The totals (`gpuHours`, `usd`, `display`) move every
 second; they are written with the rest of the status (`steady`), and on their own only when
@@ -21,14 +23,14 @@ def held_seconds(cost: Cost, nodes: int, now: dt.datetime) -> float:
     return cost.node_seconds + nodes * max(running, 0.0)
 
 
-def metered(cost: Cost, spec: MultiTurnRLRunSpec, running: bool, price: float | None,
+def metered(cost: Cost, spec: MultiTurnRLRunSpec, holding: bool, price: float | None,
             now: dt.datetime) -> Cost:
-    """The meter after observing whether the trainer runs now."""
+    """The meter after observing whether the trainer holds nodes now."""
     nodes = spec.trainer.nodes
     out = cost.model_copy()
-    if running and out.running_since is None:
+    if holding and out.running_since is None:
         out.running_since = now
-    elif not running and out.running_since is not None:
+    elif not holding and out.running_since is not None:
         out.node_seconds, out.running_since = held_seconds(cost, nodes, now), None
     held = held_seconds(out, nodes, now)
     out.gpu_hours = round(held * spec.trainer.gpus_per_node / 3600, 4)

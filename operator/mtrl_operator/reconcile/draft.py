@@ -68,9 +68,28 @@ class TrainerObserved:
     failed_in: tuple[str, str] | None = None  # (pod, container) whose failure told the cause
     episodes_failed: bool = False  # the trainer stopped because the run's episodes kept failing
     diverged: bool = False  # the trainer stopped on a step whose gradient norm was not finite
+    nothing_trained: bool = False  # the trainer played every step and none updated the adapter
     disrupted: str = ""  # its pods were evicted or preempted (the API server's words)
     hung: bool = False  # running, but no step for spec.lifecycle.progressTimeoutSeconds
+    never_started: bool = False  # bound to a node, not running after startupTimeoutSeconds
     held: bool = False  # suspended by its queue (Kueue) until admitted
+    bound: bool = False  # a pod of it is bound to a node (and holds it), running or not
+    waiting: str = ""  # why a bound pod's container has not started, in the kubelet's words
+
+
+@dataclass(frozen=True)
+class TrainerReport:
+    """What the trainer last wrote into the run's progress ConfigMap, which outlives its
+    workload (docs/trainer-contract.md): the launch it ran as (MTRL_LAUNCH), the attempt, how
+    far it got, the steps whose update trained the adapter, and "Succeeded" once training
+    finished and its last checkpoint was saved."""
+
+    launch: int | None = None
+    attempt: int | None = None
+    outcome: str | None = None
+    step: int = 0
+    total_steps: int = 0
+    trained_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -98,10 +117,8 @@ class Observed:
     namespace: str = ""  # the run's: whether HyperPod auto-resume applies depends on it
     name: str = ""
     uid: str = ""
-    # What the trainer wrote into its progress ConfigMap, which outlives the workload: the
-    # attempt that last reported, and "Succeeded" once training finished and was saved.
-    reported_attempt: int | None = None
-    trainer_outcome: str | None = None
+    # What the trainer last wrote into its progress ConfigMap, whichever launch wrote it.
+    report: TrainerReport | None = None
     preflight: str | None = None  # what preflight checked, when it ran and passed
     price: float | None = None  # USD per node-hour of the trainer's instance type, if known
     retry_backoff_seconds: float = 10.0  # before the attempt after the first failed one

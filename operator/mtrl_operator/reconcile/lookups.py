@@ -10,7 +10,7 @@ from typing import Any
 
 from mtrl_api.run import MultiTurnRLRunSpec, MultiTurnRLRunStatus, WorkerBackend
 from mtrl_operator.naming import LABEL_ATTEMPT
-from mtrl_operator.reconcile.draft import TrainerObserved, TrainerState
+from mtrl_operator.reconcile.draft import SUCCEEDED_OUTCOME, TrainerObserved, TrainerReport, TrainerState
 
 QUEUE_ROLES = 4  # a run's queues: rollout and generate, requests and responses
 
@@ -83,6 +83,16 @@ def needs_live_trainer_read(found: bool, spec: MultiTurnRLRunSpec | None,
     must not say so: the workload and the progress ConfigMap are read from the API server."""
     return not found and is_live(spec, status, deleting) and \
         status.launched_attempt >= status.attempts >= 1
+
+
+def needs_live_report(trainer: TrainerObserved, report: TrainerReport | None,
+                      status: MultiTurnRLRunStatus) -> bool:
+    """A workload that ended is judged by its launch's report: unless the cached report
+    already is that launch's outcome, it is read from the API server (once per ending: the
+    verdict that follows ends the attempt or the run)."""
+    ended = trainer.state in (TrainerState.SUCCEEDED, TrainerState.FAILED)
+    return ended and not (report is not None and report.launch == status.trainer_launch
+                          and report.outcome == SUCCEEDED_OUTCOME)
 
 
 def needs_trainer_pods(trainer: TrainerObserved | None, live: bool) -> bool:

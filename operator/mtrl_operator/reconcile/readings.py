@@ -13,6 +13,7 @@ from mtrl_api import (
     CONFIG_ERROR_PREFIX,
     DIVERGED_PREFIX,
     EPISODES_FAILED_PREFIX,
+    NOTHING_TRAINED_PREFIX,
     PROGRESS_KEY,
 )
 from mtrl_api.environments import EnvironmentInfo, catalog
@@ -24,7 +25,8 @@ from mtrl_api.run import (
     WorkersSpec,
     fargate_memory_text,
 )
-from mtrl_operator.reconcile.draft import TrainerObserved, TrainerState
+from mtrl_operator.reconcile.draft import TrainerObserved, TrainerReport, TrainerState
+from mtrl_operator.reconcile.pods import bound, cannot_start, unschedulable
 from mtrl_operator.settings import Settings
 
 # What the newest condition of a PyTorchJob or HyperPodPyTorchJob means. Kubeflow's types are
@@ -171,22 +173,29 @@ def with_cause(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerO
     return replace(trainer, message=f"{told}; {trainer.message}" if trainer.message else told,
                    config_error=config_error, failed_in=(pod, container["name"]),
                    episodes_failed=cause.startswith(EPISODES_FAILED_PREFIX),
+                   nothing_trained=cause.startswith(NOTHING_TRAINED_PREFIX),
                    diverged=cause.startswith(DIVERGED_PREFIX))
 
 
-def with_placement(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerObserved:
-    """A pending trainer whose pod the scheduler could not place, with the scheduler's own
-    words ("0/12 nodes are available: 12 Insufficient nvidia.com/gpu. ..."), instead of
-    waiting in silence for a node that may never come."""
+def with_pods(trainer: TrainerObserved, pods: list[dict[str, Any]]) -> TrainerObserved:
+    """A pending trainer as its pods tell it: bound to a node (holding it, billed), and then
+    what keeps its container from starting in the kubelet's words ("ImagePullBackOff: Back-off
+    pulling image ..."); or not placed, in the scheduler's ("0/12 nodes are available: 12
+    Insufficient nvidia.com/gpu. ..."), instead of waiting in silence for a node that may never
+    come or an image that will never pull."""
+    held = any(bound(pod) for pod in pods)
     for pod in pods:
-        for condition in (pod.get("status") or {}).get("conditions") or []:
-            if condition.get("type") == "PodScheduled" and condition.get("status") == "False" \
-                    and condition.get("reason") == "Unschedulable":
-                return TrainerObserved(trainer.attempt, trainer.state,
-                                       f"its pod cannot be scheduled: "
-                                       f"{(condition.get('message') or '').strip()[:MAX_CAUSE]}",
-                                       unschedulable=True)
-    return trainer
+        if (stuck := cannot_start(pod)) is not None:
+            reason, said = stuck
+            name = (pod.get("metadata") or {}).get("name", "")
+            words = f"pod {name} cannot start its container ({reason}): {said}".rstrip(": ")
+            return replace(trainer, message=words[:MAX_CAUSE], waiting=words[:MAX_CAUSE],
+                           bound=held)
+    for pod in pods:
+        if (placement := unschedulable(pod)) is not None:
+            return replace(trainer, message=f"its pod cannot be scheduled: {placement[:MAX_CAUSE]}",
+                           unschedulable=True, bound=held)
+    return replace(trainer, bound=held)
 
 
 def _progress_json(obj: dict[str, Any]) -> dict[str, Any]:
@@ -205,14 +214,27 @@ def progress_from_configmap(obj: dict[str, Any]) -> Progress | None:
         return None
 
 
-def trainer_report(obj: dict[str, Any]) -> tuple[int | None, str | None]:
-    """(attempt, outcome) the trainer wrote with its progress: the operator's attempt number
-    it ran as, and "Succeeded" once training finished and its last checkpoint was saved
-    (trainer/mtrl_trainer/progress.py). Both outlive the trainer's workload."""
+def _count(data: dict[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
+        else None
+
+
+def trainer_report(obj: dict[str, Any]) -> TrainerReport | None:
+    """What the trainer last wrote with its progress (trainer/mtrl_trainer/progress.py): the
+    launch it ran as (MTRL_LAUNCH) and the operator's attempt number (MTRL_ATTEMPT), how far
+    it got, the steps that trained, and "Succeeded" once training finished and its last
+    checkpoint was saved. All outlive the trainer's workload; none is taken on trust: a
+    field of the wrong type reads as absent."""
     data = _progress_json(obj)
-    attempt, outcome = data.get("attempt"), data.get("outcome")
-    return (attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
-            outcome if isinstance(outcome, str) else None)
+    if not data:
+        return None
+    outcome = data.get("outcome")
+    return TrainerReport(launch=_count(data, "launch"), attempt=_count(data, "attempt"),
+                         outcome=outcome if isinstance(outcome, str) else None,
+                         step=_count(data, "step") or 0,
+                         total_steps=_count(data, "totalSteps") or 0,
+                         trained_steps=_count(data, "trainedSteps"))
 
 
 def _environment_problem(spec: MultiTurnRLRunSpec,

@@ -23,7 +23,7 @@ from mtrl_api.run import (
     WorkersStatus,
 )
 from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE
-from mtrl_operator.reconcile.attempts import trainer, trainer_succeeded, under_way
+from mtrl_operator.reconcile.attempts import trainer, trainer_finished, under_way
 from mtrl_operator.reconcile.cost import budget, metered, steady
 from mtrl_operator.reconcile.draft import (  # the state machine's vocabulary, from here too
     CONDITION_TYPES,
@@ -69,10 +69,15 @@ def _merged_progress(previous: Progress, reported: Progress) -> Progress:
 def _merge_observations(st: Draft, obs: Observed) -> None:
     refs = obs.resources
     st.s.resources = refs
+    if st.s.start_time is None or st.s.cost.price is None:
+        # The price the run starts with is the one it is metered and budgeted at to the end:
+        # a helm upgrade that changes `pricing` applies to new runs.
+        st.s.cost.price = obs.price
     if obs.spec is not None:
-        running = obs.trainer is not None and obs.trainer.state in (TrainerState.RUNNING,
-                                                                    TrainerState.RESTARTING)
-        st.s.cost = metered(st.s.cost, obs.spec, running, obs.price, obs.now)
+        trainer = obs.trainer
+        holding = trainer is not None and trainer.attempt == st.s.attempts and (
+            trainer.bound or trainer.state in (TrainerState.RUNNING, TrainerState.RESTARTING))
+        st.s.cost = metered(st.s.cost, obs.spec, holding, st.s.cost.price, obs.now)
     if obs.progress is not None:
         new_step = obs.progress.step != st.s.progress.step
         st.s.progress = _merged_progress(st.s.progress, obs.progress)
@@ -238,7 +243,7 @@ def _start_and_deadline(st: Draft, spec: MultiTurnRLRunSpec) -> Decision | None:
         st.cond("Preflight", True, "Passed", st.obs.preflight)
     if st.s.output_uri is None:  # the same folder the trainer computes from the run's identity
         st.s.output_uri = spec.output.run_uri(st.obs.namespace, st.obs.name, st.obs.uid)
-    over_budget, spent_in = budget(st.s.cost, spec, st.obs.price, st.obs.now)
+    over_budget, spent_in = budget(st.s.cost, spec, st.s.cost.price, st.obs.now)
     if over_budget:
         st.finish(False, "BudgetExceeded", over_budget)
         return st.done(teardown(st.obs), requeue=1.0)
@@ -307,7 +312,7 @@ def _workers_then_trainer(st: Draft, spec: MultiTurnRLRunSpec) -> Decision:
     """The workers' actions, then the trainer's: a trainer asked for (or still there) is
     looked at whatever the workers do, so its outcome always ends the run."""
     plan = plan_workers(st, spec)
-    if plan.expired and not trainer_succeeded(st):  # a trainer that finished ends the run
+    if plan.expired and not trainer_finished(st, spec):  # a trainer that finished ends the run
         st.finish(False, "WorkersUnavailable", plan.expired)
         return st.done(teardown(st.obs), requeue=1.0)
     if not plan.enough and not under_way(st):

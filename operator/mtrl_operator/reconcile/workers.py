@@ -27,6 +27,7 @@ from mtrl_operator.reconcile.draft import (
     WorkerProblem,
     duration,
 )
+from mtrl_operator.reconcile.pods import cannot_start, unschedulable
 
 MAX_WORDS = 1024
 PLACEMENT_BACKOFF_S = (10.0, 300.0)  # first retry after a shortfall, and the cap (doubling)
@@ -91,23 +92,19 @@ def pod_problem(pods: list[dict[str, Any]]) -> WorkerProblem | None:
     for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
         status = pod.get("status") or {}
         for container in status.get("containerStatuses") or []:
-            waiting = (container.get("state") or {}).get("waiting") or {}
             last = (container.get("lastState") or {}).get("terminated") or {}
             if last.get("exitCode"):  # restarted after a failure: a crash loop, whatever
                 told = _last_line(last.get("message") or "")  # the moment's state says
                 words = f"a worker container is crash-looping: exit code {last['exitCode']}"
                 return WorkerProblem("CrashLoopBackOff", _clip(f"{words}: {told}" if told else
                                                                words))
-            if waiting.get("reason") in ("ImagePullBackOff", "ErrImagePull",
-                                         "CreateContainerConfigError", "InvalidImageName"):
-                return WorkerProblem(waiting["reason"], _clip(
-                    f"a worker container cannot start ({waiting['reason']}): "
-                    f"{waiting.get('message') or ''}".rstrip(": ")))
-        for condition in status.get("conditions") or []:
-            if condition.get("type") == "PodScheduled" and condition.get("status") == "False" \
-                    and condition.get("reason") == "Unschedulable":
-                return WorkerProblem("Unschedulable", _clip(
-                    f"a worker pod cannot be scheduled: {condition.get('message') or ''}"))
+        if (stuck := cannot_start(pod)) is not None:
+            reason, said = stuck
+            return WorkerProblem(reason, _clip(
+                f"a worker container cannot start ({reason}): {said}".rstrip(": ")))
+        if (placement := unschedulable(pod)) is not None:
+            return WorkerProblem("Unschedulable",
+                                 _clip(f"a worker pod cannot be scheduled: {placement}"))
     return None
 
 

@@ -21,24 +21,24 @@ def at(minutes: float) -> dt.datetime:
     return NOW + dt.timedelta(minutes=minutes)
 
 
-def test_the_meter_counts_node_time_while_the_trainer_runs_and_only_then() -> None:
-    cost = metered(Cost(), TWO_NODES, running=False, price=PRICE, now=at(0))
+def test_the_meter_counts_node_time_while_the_trainer_holds_nodes_and_only_then() -> None:
+    cost = metered(Cost(), TWO_NODES, holding=False, price=PRICE, now=at(0))
     assert cost.running_since is None and cost.usd == 0.0
-    cost = metered(cost, TWO_NODES, running=True, price=PRICE, now=at(0))
-    cost = metered(cost, TWO_NODES, running=True, price=PRICE, now=at(30))  # looked at once
+    cost = metered(cost, TWO_NODES, holding=True, price=PRICE, now=at(0))
+    cost = metered(cost, TWO_NODES, holding=True, price=PRICE, now=at(30))  # looked at once
     assert cost.running_since == at(0)
     assert cost.gpu_hours == pytest.approx(2 * 8 * 0.5) and cost.usd == pytest.approx(98.32)
-    cost = metered(cost, TWO_NODES, running=False, price=PRICE, now=at(60))  # stopped: closed
+    cost = metered(cost, TWO_NODES, holding=False, price=PRICE, now=at(60))  # stopped: closed
     assert cost.running_since is None and cost.node_seconds == pytest.approx(2 * 3600)
-    cost = metered(cost, TWO_NODES, running=False, price=PRICE, now=at(600))  # idle: no charge
+    cost = metered(cost, TWO_NODES, holding=False, price=PRICE, now=at(600))  # idle: no charge
     assert cost.usd == pytest.approx(196.64) and cost.display == "$196.64"
-    cost = metered(cost, TWO_NODES, running=True, price=PRICE, now=at(600))  # a second attempt
-    cost = metered(cost, TWO_NODES, running=True, price=PRICE, now=at(630))
+    cost = metered(cost, TWO_NODES, holding=True, price=PRICE, now=at(600))  # a second attempt
+    cost = metered(cost, TWO_NODES, holding=True, price=PRICE, now=at(630))
     assert cost.usd == pytest.approx(294.96)
 
 
 def test_without_a_price_the_meter_shows_gpu_hours() -> None:
-    cost = metered(Cost(running_since=at(0)), SPEC, running=True, price=None, now=at(90))
+    cost = metered(Cost(running_since=at(0)), SPEC, holding=True, price=None, now=at(90))
     assert cost.usd is None and cost.display == "12.0 GPU-h"
 
 

@@ -4,17 +4,25 @@ itself do, and checks the lifecycle's promises after every step.
 
 The world is the simplest faithful one: ECS places tasks while Fargate has capacity and
 answers a shortfall the way RunTask does; tasks stop on their own; trainer workloads go
-Pending, Running, Succeeded or Failed, vanish (a HyperPodPyTorchJob's TTL), are evicted, or
-hang (no step while time passes); AWS calls fail after the status was written (the controller
-writes status before it acts); the operator restarts, and rebuilds everything from the stored
-status and what it observes, as the real one does.
+Pending, Running, Succeeded or Failed, vanish (a HyperPodPyTorchJob's TTL), are evicted,
+hang (no step while time passes), sit on a node without ever starting (an image that cannot
+be pulled), exit 0 without reporting an outcome, or finish having trained nothing; the
+trainer's report outlives its workload, so a resumed launch finds its predecessor's there;
+the operator's pricing changes under a running run (a helm upgrade); AWS calls fail after
+the status was written (the controller writes status before it acts); the operator restarts,
+and rebuilds everything from the stored status and what it observes, as the real one does.
 
 Invariants (each names the promise it keeps):
 - no trainer before minReplicas workers are ready;
 - teardown in cost order: the trainer, then the workers, then the queues, then the finalizer;
 - nothing is ensured while the run is deleting, finished or suspended;
 - a trainer that finished ends the run (Succeeded, unless the run was deleted first);
-- Succeeded only for work done: the trainer finished;
+- Succeeded only for work done, on evidence: the current launch's own report of its outcome,
+  every step played and at least one that trained (an exit code of 0, a report of an earlier
+  launch of the same attempt, or a report that trained nothing is not evidence);
+- a trainer pod bound to a node costs from that moment, running or not, and one that never
+  starts is a failed attempt once startupTimeoutSeconds have passed;
+- the price a run started with is the one it is metered at, whatever pricing says later;
 - attempts that failed count only trainer failures: suspending, resuming and evictions never
   spend the backoff limit, and a suspension never fails a run;
 - each phase transition is announced once (one Event per change), each worker problem once;
@@ -40,7 +48,7 @@ from hypothesis.stateful import (
 )
 
 from mtrl_api.run import MultiTurnRLRunSpec, MultiTurnRLRunStatus, Phase, Progress
-from mtrl_operator.reconcile.draft import EcsTask, Event, Placement
+from mtrl_operator.reconcile.draft import EcsTask, Event, Placement, TrainerReport
 from mtrl_operator.reconcile.run import (
     Act,
     Decision,
@@ -53,7 +61,8 @@ from mtrl_operator.reconcile.run import (
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 PHASES = {p.value for p in Phase}
 # Reasons a run may fail for, given what was injected.
-FAILURE_REASONS = {"BackoffLimitExceeded", "TrainerFailed", "TrainerHung", "WorkersUnavailable"}
+FAILURE_REASONS = {"BackoffLimitExceeded", "TrainerFailed", "TrainerHung", "TrainerStartTimeout",
+                   "WorkersUnavailable", "NothingTrained"}
 # Model runs: CI runs the default; MTRL_MODEL_EXAMPLES=10000 is the longer local run.
 EXAMPLES = int(os.environ.get("MTRL_MODEL_EXAMPLES", "1000"))
 REACTIONS = st.integers(0, 3)  # reconciles after an event
@@ -70,9 +79,12 @@ class Task:
 @dataclass
 class Workload:
     attempt: int
+    launch: int  # the MTRL_LAUNCH it was created with, which its trainer echoes
     state: TrainerState = TrainerState.PENDING
     disrupted: bool = False
     deleting: bool = False  # asked to go; its pods take their grace period
+    bound: bool = False  # its pod holds a node
+    stuck: bool = False  # ... and cannot start its container (ImagePullBackOff)
 
 
 def _spec(launcher: str, minimum: int, maximum: int, backoff: int, suspend: bool) -> MultiTurnRLRunSpec:
@@ -84,7 +96,7 @@ def _spec(launcher: str, minimum: int, maximum: int, backoff: int, suspend: bool
         "workers": {"minReplicas": minimum, "maxReplicas": maximum,
                     "readyTimeoutSeconds": 600},
         "lifecycle": {"backoffLimit": backoff, "suspend": suspend,
-                      "progressTimeoutSeconds": 1800},
+                      "progressTimeoutSeconds": 1800, "startupTimeoutSeconds": 1200},
     })
 
 
@@ -107,10 +119,14 @@ class Lifecycle(RuleBasedStateMachine):
         self.capacity = capacity  # tasks Fargate can still place (None: no limit)
         self.workloads: dict[int, Workload] = {}
         self.step = 0
-        self.reported_attempt: int | None = None
-        self.outcome: str | None = None
+        self.report: TrainerReport | None = None  # the progress ConfigMap: outlives workloads
+        self.trained = 0  # steps whose update trained, over every launch (in the checkpoint)
+        self.price: float | None = 98.32  # the operator's pricing now
+        self.price_at_start: float | None = None
         self.failures_injected = 0  # trainer failures the world produced (hangs included)
         self.hung: set[int] = set()  # attempts that hung
+        self.stuck_counted: set[int] = set()  # launches that never started, counted
+        self.nothing_trained = False  # a trainer reported success with no trained step
         self.trainer_finished = False
         self.next_arn = 0
         self.last: Decision | None = None
@@ -122,8 +138,10 @@ class Lifecycle(RuleBasedStateMachine):
         current = self.workloads.get(self.status.attempts)
         trainer = None
         if current is not None:
-            trainer = TrainerObserved(current.attempt, current.state,
-                                      disrupted="Evicted" if current.disrupted else "")
+            trainer = TrainerObserved(
+                current.attempt, current.state, disrupted="Evicted" if current.disrupted else "",
+                bound=current.bound, waiting="pod t-0 cannot start its container "
+                "(ImagePullBackOff): Back-off pulling image" if current.stuck else "")
         live = [t for t in self.tasks if not t.stopped]
         return Observed(
             now=self.now, generation=1, deleting=self.deleting, spec=self.spec,
@@ -132,9 +150,8 @@ class Lifecycle(RuleBasedStateMachine):
             workers_desired=len(live), workers_ready=sum(t.ready for t in live),
             trainer=trainer, trainers_exist=bool(self.workloads),
             trainer_workloads=tuple(("Job", f"t{a}") for a in self.workloads),
-            progress=Progress(step=self.step) if self.reported_attempt else None,
-            namespace="team-a", name="run", uid="uid",
-            reported_attempt=self.reported_attempt, trainer_outcome=self.outcome,
+            progress=Progress(step=self.step) if self.report else None,
+            namespace="team-a", name="run", uid="uid", report=self.report, price=self.price,
             workers_stopped=sum(t.stopped and not t.by_operator for t in self.tasks),
             placement=placement,
             ecs_tasks=tuple(EcsTask(t.arn, "STOPPED" if t.stopped else "RUNNING",
@@ -148,6 +165,7 @@ class Lifecycle(RuleBasedStateMachine):
         """One reconcile: decide, write status, act (unless AWS fails the actions), and, when
         RunTask was called, decide again knowing its answer (as the controller does)."""
         self._count_a_hang()
+        self._count_a_stuck_start()
         obs = self.observe()
         d = decide(obs)
         self._check(obs, d)
@@ -166,13 +184,24 @@ class Lifecycle(RuleBasedStateMachine):
         """A running trainer with no step for progressTimeoutSeconds (from the newest of its
         last step and its start, as the status records them) is a failure, once."""
         current = self._current()
-        marks = [t for t in (self.status.progress.last_step_time, self.status.cost.running_since)
-                 if t]
+        marks = [t for t in (self.status.progress.last_step_time,
+                             self.status.trainer_running_time) if t]
         if current and current.state == TrainerState.RUNNING and marks and \
                 current.attempt not in self.hung and \
                 (self.now - max(marks)).total_seconds() >= \
                 self.spec.lifecycle.progress_timeout_seconds:
             self.hung.add(current.attempt)
+            self.failures_injected += 1
+
+    def _count_a_stuck_start(self) -> None:
+        """A trainer pod bound to a node that never starts is a failure once
+        startupTimeoutSeconds have passed since the operator saw it bound, once a launch."""
+        current, since = self._current(), self.status.trainer_bound_time
+        if current and current.stuck and current.state == TrainerState.PENDING and since and \
+                current.launch not in self.stuck_counted and \
+                (self.now - since).total_seconds() >= \
+                self.spec.lifecycle.startup_timeout_seconds:
+            self.stuck_counted.add(current.launch)
             self.failures_injected += 1
 
     def _act(self, d: Decision) -> Placement | None:
@@ -193,7 +222,7 @@ class Lifecycle(RuleBasedStateMachine):
                                       (missing - placed))
             elif act == Act.ENSURE_TRAINER:
                 assert d.attempt not in self.workloads, "a workload of this attempt exists"
-                self.workloads[d.attempt] = Workload(d.attempt)
+                self.workloads[d.attempt] = Workload(d.attempt, d.status.trainer_launch)
             elif act == Act.DELETE_TRAINER:
                 for workload in self.workloads.values():
                     workload.deleting = True
@@ -234,13 +263,31 @@ class Lifecycle(RuleBasedStateMachine):
                 and not self.spec.lifecycle.suspend and before.phase != Phase.SUSPENDING \
                 and obs.trainer is not None and obs.trainer.state == TrainerState.SUCCEEDED:
             assert after.phase == Phase.SUCCEEDED, (after.phase, after.message)
-        # Succeeded only for work done.
+        # Succeeded only for work done, on the current launch's own evidence.
         if after.phase == Phase.SUCCEEDED:
             assert self.trainer_finished, "Succeeded without a finished trainer"
+        if after.phase == Phase.SUCCEEDED and not before.phase.finished:
+            r = obs.report
+            assert r is not None and r.launch == before.trainer_launch and \
+                r.outcome == "Succeeded" and r.step >= self.spec.grpo.max_steps and \
+                (r.trained_steps or 0) >= 1, f"Succeeded without evidence: {r}"
+        # A trainer pod that holds a node costs, running or not.
+        if obs.trainer is not None and (obs.trainer.bound or obs.trainer.state in (
+                TrainerState.RUNNING, TrainerState.RESTARTING)) and not obs.deleting \
+                and not before.phase.finished and obs.trainer.attempt == after.attempts:
+            assert after.cost.running_since is not None, "a bound trainer pod costs nothing"
+        # The price a run started with is its price to the end.
+        if before.start_time is None and after.start_time is not None:
+            self.price_at_start = obs.price
+        if after.start_time is not None and self.price_at_start is not None:
+            assert after.cost.price == self.price_at_start, (after.cost.price,
+                                                             self.price_at_start)
         if after.phase == Phase.FAILED and not before.phase.finished:
             reason = next(c.reason for c in after.conditions if c.type == "Failed")
             assert reason in FAILURE_REASONS, reason
-            if reason != "WorkersUnavailable":
+            if reason == "NothingTrained":
+                assert self.nothing_trained, "NothingTrained without a trainer that said so"
+            elif reason != "WorkersUnavailable":
                 assert self.failures_injected, f"{reason} without a trainer failure"
         # Only failures count.
         assert after.failed_attempts <= self.failures_injected, (after.failed_attempts,
@@ -324,24 +371,72 @@ class Lifecycle(RuleBasedStateMachine):
     @precondition(lambda self: (w := self._current()) and w.state == TrainerState.PENDING)
     @rule(then=REACTIONS)
     def trainer_runs(self, then: int) -> None:
-        self.workloads[self.status.attempts].state = TrainerState.RUNNING
+        workload = self.workloads[self.status.attempts]
+        workload.state, workload.bound, workload.stuck = TrainerState.RUNNING, True, False
         self._react(then)
 
-    @precondition(lambda self: (w := self._current()) and w.state == TrainerState.RUNNING)
+    @precondition(lambda self: (w := self._current()) and w.state == TrainerState.PENDING
+                  and not w.bound)
     @rule(then=REACTIONS)
-    def trainer_reports_a_step(self, then: int) -> None:
+    def trainer_pod_is_bound_and_cannot_start(self, then: int) -> None:
+        """Its pod holds a P5 node, and its image cannot be pulled: it never starts."""
+        workload = self.workloads[self.status.attempts]
+        workload.bound = workload.stuck = True
+        self._react(then)
+
+    def _report(self, workload: Workload, outcome: str | None = None) -> None:
+        total = self.spec.grpo.max_steps
+        self.report = TrainerReport(launch=workload.launch, attempt=workload.attempt,
+                                    outcome=outcome, step=total if outcome else self.step,
+                                    total_steps=total, trained_steps=self.trained)
+
+    @precondition(lambda self: (w := self._current()) and w.state == TrainerState.RUNNING)
+    @rule(trains=st.booleans(), then=REACTIONS)
+    def trainer_reports_a_step(self, trains: bool, then: int) -> None:
         self.step += 1
-        self.reported_attempt = self.status.attempts
+        self.trained += trains
+        self._report(self.workloads[self.status.attempts])
         self._react(then)
 
     @precondition(lambda self: (w := self._current()) and w.state == TrainerState.RUNNING)
     @rule(then=REACTIONS)
     def trainer_succeeds(self, then: int) -> None:
         """A trainer that finishes after its run ended (one stopped as hung that completes in
-        its grace period) does not reopen the run: an ended run stays ended."""
-        self.workloads[self.status.attempts].state = TrainerState.SUCCEEDED
-        self.outcome = "Succeeded"
+        its grace period) does not reopen the run: an ended run stays ended. It reports its
+        outcome (with at least one trained step), then its workload completes."""
+        workload = self.workloads[self.status.attempts]
+        self.trained = max(self.trained, 1)
+        self._report(workload, "Succeeded")
+        workload.state = TrainerState.SUCCEEDED
         self.trainer_finished = self.trainer_finished or not self.status.phase.finished
+        self._react(then)
+
+    @precondition(lambda self: (w := self._current()) and w.state == TrainerState.RUNNING)
+    @rule(then=REACTIONS)
+    def trainer_exits_0_without_an_outcome(self, then: int) -> None:
+        """A broken trainer (or a command that is not one) exits 0 without reporting success:
+        its workload completes; that is a failed attempt, never a Succeeded run."""
+        self.workloads[self.status.attempts].state = TrainerState.SUCCEEDED
+        self.failures_injected += 1
+        self._react(then)
+
+    @precondition(lambda self: (w := self._current()) and w.state == TrainerState.RUNNING
+                  and self.trained == 0)
+    @rule(then=REACTIONS)
+    def trainer_finishes_having_trained_nothing(self, then: int) -> None:
+        """Every step's groups scored alike: an outcome with no trained step (a trainer that
+        says so instead exits with its words, which the readings test covers)."""
+        workload = self.workloads[self.status.attempts]
+        self._report(workload, "Succeeded")
+        workload.state = TrainerState.SUCCEEDED
+        self.nothing_trained = self.nothing_trained or not self.status.phase.finished
+        self._react(then)
+
+    @precondition(lambda self: hasattr(self, "price"))
+    @rule(price=st.sampled_from([None, 50.0, 98.32, 120.0]), then=REACTIONS)
+    def pricing_changes(self, price: float | None, then: int) -> None:
+        """A helm upgrade changes the operator's pricing under a running run."""
+        self.price = price
         self._react(then)
 
     @precondition(lambda self: (w := self._current()) and w.state in (TrainerState.PENDING,

@@ -17,8 +17,9 @@ from mtrl_operator.reconcile.readings import (
     trainer_report,
     trainer_state,
     with_cause,
-    with_placement,
+    with_pods,
 )
+from mtrl_operator.reconcile.draft import TrainerReport
 from mtrl_operator.reconcile.run import TrainerObserved, TrainerState
 from mtrl_operator.settings import Settings
 
@@ -69,14 +70,17 @@ def configmap(body: Any) -> dict[str, Any]:
     return {"data": {"progress.json": body if isinstance(body, str) else json.dumps(body)}}
 
 
-def test_trainer_report_reads_the_attempt_and_outcome_and_ignores_junk() -> None:
-    assert trainer_report(configmap({"step": 3, "attempt": 2, "outcome": "Succeeded"})) == \
-        (2, "Succeeded")
-    assert trainer_report(configmap({"step": 3})) == (None, None)
-    assert trainer_report(configmap("{half")) == (None, None)
-    assert trainer_report(configmap([1])) == (None, None)
-    assert trainer_report(configmap({"attempt": True, "outcome": 1})) == (None, None)
-    assert trainer_report({}) == (None, None)
+def test_trainer_report_reads_launch_attempt_outcome_and_steps_and_ignores_junk() -> None:
+    report = trainer_report(configmap({"step": 20, "totalSteps": 20, "trainedSteps": 17,
+                                       "attempt": 2, "launch": 3, "outcome": "Succeeded"}))
+    assert report == TrainerReport(launch=3, attempt=2, outcome="Succeeded", step=20,
+                                   total_steps=20, trained_steps=17)
+    assert trainer_report(configmap({"step": 3})) == TrainerReport(step=3)
+    assert trainer_report(configmap("{half")) is None
+    assert trainer_report(configmap([1])) is None
+    assert trainer_report(configmap({"attempt": True, "outcome": 1, "launch": "3",
+                                     "trainedSteps": -1})) == TrainerReport()
+    assert trainer_report({}) is None
 
 
 TASKS = {"wordle": {"secret": "crane"}, "coding": {"task_id": "median"},
@@ -252,16 +256,40 @@ UNSCHEDULABLE = {"status": {"phase": "Pending", "conditions": [
 
 def test_a_pending_trainer_the_scheduler_cannot_place_says_why() -> None:
     pending = TrainerObserved(1, TrainerState.PENDING, "waiting for trainer pods")
-    told = with_placement(pending, [{"status": {"phase": "Pending"}}, UNSCHEDULABLE])
-    assert told.unschedulable and told.state == TrainerState.PENDING
+    told = with_pods(pending, [{"status": {"phase": "Pending"}}, UNSCHEDULABLE])
+    assert told.unschedulable and told.state == TrainerState.PENDING and not told.bound
     assert told.message.startswith("its pod cannot be scheduled: 0/12 nodes are available: 12 "
                                    "Insufficient nvidia.com/gpu.")
     scheduled = {"status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}
-    assert with_placement(pending, [scheduled]) == pending
-    assert with_placement(pending, []) == pending
+    assert with_pods(pending, [scheduled]) == pending
+    assert with_pods(pending, []) == pending
 
 
-# --------------------------------------------------------------------------- Kueue
+def bound_pod(name: str, waiting: dict[str, str] | None = None,
+              phase: str = "Pending") -> dict[str, Any]:
+    state = {"waiting": waiting} if waiting else {"running": {}}
+    return {"metadata": {"name": name}, "spec": {"nodeName": "p5-1"},
+            "status": {"phase": phase, "containerStatuses": [{"name": "trainer",
+                                                              "state": state}]}}
+
+
+@pytest.mark.parametrize("reason", ["ImagePullBackOff", "ErrImagePull",
+                                    "CreateContainerConfigError"])
+def test_a_trainer_pod_bound_to_a_node_that_cannot_start_says_why_in_the_kubelets_words(
+        reason: str) -> None:
+    """It holds its node (bound: billed) and says what the kubelet says, where before it was
+    "waiting for trainer pods" at $0 for ever."""
+    pending = TrainerObserved(1, TrainerState.PENDING, "waiting for trainer pods")
+    said = 'Back-off pulling image "registry.example/mtrl-trainer:0.1.0"'
+    told = with_pods(pending, [bound_pod("t1-0-abcde", {"reason": reason, "message": said})])
+    assert told.bound and told.state == TrainerState.PENDING
+    assert told.waiting == told.message == (f"pod t1-0-abcde cannot start its container "
+                                            f"({reason}): {said}")
+    # Bound and creating its container: it holds the node, and nothing is wrong yet.
+    creating = with_pods(pending, [bound_pod("t1-0-abcde", {"reason": "ContainerCreating"})])
+    assert creating.bound and not creating.waiting
+    # A finished pod holds no node.
+    assert not with_pods(pending, [bound_pod("t1-0-abcde", phase="Failed")]).bound
 
 
 def test_a_workload_kueue_suspended_is_held_not_failed_nor_running() -> None:
@@ -314,3 +342,9 @@ def test_a_trainer_that_diverged_is_told_so() -> None:
     assert told.diverged and not told.config_error and not told.episodes_failed
     assert told.message.startswith(f"{line} (exit code 1)")
     assert not with_cause(JOB_FAILED, [pod((1, "Killed"))]).diverged
+
+
+def test_a_failed_trainer_that_trained_nothing_is_told_so() -> None:
+    told = with_cause(JOB_FAILED, [pod((1, "nothing trained: the run played 3 steps and made "
+                                           "no optimizer update"))])
+    assert told.nothing_trained and not told.episodes_failed

@@ -17,6 +17,7 @@ from mtrl_api.run import (
 )
 from mtrl_operator.reconcile import lookups
 from mtrl_operator.reconcile.cost import steady
+from mtrl_operator.reconcile.draft import TrainerReport
 from mtrl_operator.reconcile.run import (
     Act,
     Observed,
@@ -45,7 +46,18 @@ def observed(**kw: object) -> Observed:
 
 
 def started(**kw: object) -> MultiTurnRLRunStatus:
+    """A run past its first look; a launched attempt is its own launch unless told."""
+    kw.setdefault("trainer_launch", kw.get("launched_attempt", 0))
     return MultiTurnRLRunStatus(phase=Phase.PROVISIONING, start_time=NOW, attempts=1, **kw)
+
+
+def proof(launch: int = 1, step: int | None = None, trained: int | None = 2,
+          outcome: str | None = "Succeeded") -> TrainerReport:
+    """The trainer's report of success as launch `launch` writes it: every step played."""
+    total = SPEC.grpo.max_steps
+    return TrainerReport(launch=launch, attempt=1, outcome=outcome,
+                         step=total if step is None else step, total_steps=total,
+                         trained_steps=trained)
 
 
 def ready(**kw: object) -> Observed:
@@ -77,10 +89,11 @@ def test_workers_come_after_queues_and_the_trainer_waits_for_min_workers() -> No
 
 
 def test_running_then_success_tears_down_gpus_first() -> None:
-    running = ready(trainer=TrainerObserved(1, TrainerState.RUNNING), trainers_exist=True)
+    running = ready(status=started(launched_attempt=1),
+                    trainer=TrainerObserved(1, TrainerState.RUNNING), trainers_exist=True)
     d = decide(running)
     assert d.status.phase == Phase.RUNNING and d.actions == []
-    done = replace(running, status=d.status,
+    done = replace(running, status=d.status, report=proof(),
                    trainer=TrainerObserved(1, TrainerState.SUCCEEDED))
     d = decide(done)
     assert d.status.phase == Phase.SUCCEEDED and d.status.completion_time == NOW
@@ -96,10 +109,12 @@ def test_a_teardown_is_written_when_it_ends_not_for_each_piece_that_goes() -> No
     refs = ResourceRefs(queues=[QueueRef(role="rollout", url="https://sqs/q")],
                         task_definition_arn="arn:td", task_arns=["arn:t1", "arn:t2"],
                         trainer_kind="PyTorchJob")
-    running = ready(trainer=TrainerObserved(1, TrainerState.RUNNING), trainers_exist=True,
+    running = ready(status=started(launched_attempt=1),
+                    trainer=TrainerObserved(1, TrainerState.RUNNING), trainers_exist=True,
                     resources=refs)
     shown = decide(running).status
-    done = replace(running, status=shown, trainer=TrainerObserved(1, TrainerState.SUCCEEDED))
+    done = replace(running, status=shown, report=proof(),
+                   trainer=TrainerObserved(1, TrainerState.SUCCEEDED))
     d = decide(done)
     assert d.status.phase == Phase.SUCCEEDED and is_news(shown, d)
     shown = d.status
@@ -284,13 +299,14 @@ def test_a_workload_deleted_after_success_was_reported_ends_the_run_succeeded() 
     """HyperPod's ttlSecondsAfterFinished 0 deleted the job before its Completed was seen;
     the trainer's outcome in the progress ConfigMap says how it ended."""
     seen = started(launched_attempt=1, observed_attempt=1)
-    d = decide(ready(spec=hyperpod_spec(), status=seen, reported_attempt=1,
-                     trainer_outcome="Succeeded", progress=Progress(step=100)))
+    spec = hyperpod_spec()
+    d = decide(ready(spec=spec, status=seen, progress=Progress(step=100),
+                     report=replace(proof(), step=spec.grpo.max_steps)))
     assert Act.ENSURE_TRAINER not in d.actions
     assert d.status.phase == Phase.SUCCEEDED and d.status.attempts == 1
     assert d.actions == [Act.DELETE_WORKERS]
     # Even a workload never observed: its trainer said it finished.
-    d = decide(ready(status=started(launched_attempt=1), trainer_outcome="Succeeded"))
+    d = decide(ready(status=started(launched_attempt=1), report=proof()))
     assert d.status.phase == Phase.SUCCEEDED and Act.ENSURE_TRAINER not in d.actions
 
 
@@ -305,7 +321,7 @@ def test_a_vanished_workload_without_success_is_a_failed_attempt_never_created_a
     assert d.actions == [Act.ENSURE_TRAINER] and d.attempt == 2
     assert d.status.launched_attempt == 2
     # Reported from by its trainer, though never observed by a reconcile: it ran.
-    d = decide(ready(status=started(launched_attempt=1), reported_attempt=1))
+    d = decide(ready(status=started(launched_attempt=1), report=proof(outcome=None, step=3)))
     assert d.status.attempts == 2 and Act.ENSURE_TRAINER not in d.actions
 
 
@@ -502,7 +518,7 @@ def test_a_finished_trainer_ends_the_run_whatever_the_workers_do() -> None:
     short = started(launched_attempt=1)
     short.workers.short_since = NOW - dt.timedelta(hours=1)
     d = decide(ready(status=short, workers_desired=1, workers_ready=0, trainers_exist=True,
-                     trainer=TrainerObserved(1, TrainerState.SUCCEEDED, "done")))
+                     report=proof(), trainer=TrainerObserved(1, TrainerState.SUCCEEDED, "done")))
     assert d.status.phase == Phase.SUCCEEDED and d.actions == [Act.DELETE_TRAINER]
 
 
@@ -574,7 +590,7 @@ def test_a_trainer_without_a_step_for_the_progress_timeout_is_a_hung_attempt() -
     since = NOW - dt.timedelta(seconds=1800)
     status = started(launched_attempt=1, observed_attempt=1,
                      progress=Progress(step=42, last_step_time=since))
-    status.cost.running_since = since - dt.timedelta(seconds=600)
+    status.trainer_running_time = since - dt.timedelta(seconds=600)
     d = decide(ready(status=status, trainers_exist=True,
                      trainer=TrainerObserved(1, TrainerState.RUNNING)))
     assert d.status.attempts == 2 and d.status.failed_attempts == 1

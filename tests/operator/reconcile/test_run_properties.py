@@ -4,7 +4,10 @@ test_reconcile.py: what must hold whatever the world looks like.
 - Nothing is ensured while the run is being deleted, is finished, or is suspended.
 - Teardown goes in cost order: the trainer, then the workers, then the queues; the finalizer
   only once nothing is left.
-- The GPU trainer is created only once queues are ready and enough workers are.
+- The GPU trainer is created only once queues are ready and enough workers are, and each
+  launch of it gets a new number.
+- A run becomes Succeeded only on the current launch's own report of success: its outcome,
+  every step played and at least one that trained.
 - The same observation always gives the same decision.
 - Applying the decisions to a simulated world converges: a deleted run releases its finalizer,
   a finished or suspended one holds no compute, and a live one stops asking for anything,
@@ -20,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtrl_api.run import LauncherKind, MultiTurnRLRunSpec, MultiTurnRLRunStatus, Phase
+from mtrl_operator.reconcile.draft import TrainerReport
 from mtrl_operator.reconcile.run import Act, Decision, Observed, TrainerObserved, TrainerState, decide
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
@@ -56,7 +60,15 @@ def statuses(draw: st.DrawFn) -> MultiTurnRLRunStatus:
         completion_time=NOW - dt.timedelta(seconds=draw(st.integers(0, 900)))
         if phase.finished else None,
         launched_attempt=draw(st.integers(0, attempts)),
-        observed_attempt=draw(st.integers(0, attempts)))
+        observed_attempt=draw(st.integers(0, attempts)),
+        trainer_launch=draw(st.integers(0, attempts + 2)))
+
+
+reports = st.one_of(st.none(), st.builds(
+    TrainerReport, launch=st.one_of(st.none(), st.integers(0, 6)),
+    attempt=st.one_of(st.none(), st.integers(1, 4)),
+    outcome=st.sampled_from([None, "Succeeded"]), step=st.integers(0, 200),
+    total_steps=st.just(100), trained_steps=st.one_of(st.none(), st.integers(0, 3))))
 
 
 @st.composite
@@ -80,8 +92,15 @@ def observations(draw: st.DrawFn) -> Observed:
         workers_ready=draw(st.integers(0, 3)) if workers_exist else 0,
         trainer=trainer, trainers_exist=trainer is not None or draw(st.booleans()),
         namespace=draw(st.sampled_from(["team-a", "kubeflow", "hyperpod-ns-a"])),
-        reported_attempt=draw(st.one_of(st.none(), st.integers(1, 4))),
-        trainer_outcome=draw(st.sampled_from([None, "Succeeded"])))
+        report=draw(reports))
+
+
+def _proven(obs: Observed) -> bool:
+    """The current launch's own report of success: the outcome, every step, a trained one."""
+    r, spec = obs.report, obs.spec
+    return (r is not None and spec is not None and bool(obs.status.trainer_launch)
+            and r.launch == obs.status.trainer_launch and r.outcome == "Succeeded"
+            and r.step >= spec.grpo.max_steps and (r.trained_steps or 0) >= 1)
 
 
 def _teardown_in_cost_order(obs: Observed, d: Decision) -> bool:
@@ -116,6 +135,11 @@ def test_invariants_hold_for_any_observation(obs: Observed) -> None:
         assert d.attempt == d.status.attempts == d.status.launched_attempt
     if Act.REMOVE_FINALIZER in acts:
         assert obs.deleting
+    if d.status.phase == Phase.SUCCEEDED and obs.status.phase != Phase.SUCCEEDED:
+        assert _proven(obs), "Succeeded only on the current launch's own evidence"
+    assert d.status.trainer_launch >= obs.status.trainer_launch
+    if d.status.launched_attempt > obs.status.launched_attempt:
+        assert d.status.trainer_launch == obs.status.trainer_launch + 1, "a new launch number"
     if d.requeue_after is not None:
         assert d.requeue_after >= 0
 
