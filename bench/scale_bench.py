@@ -43,7 +43,7 @@ import httpx2
 from lightkube import Client
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ApiError
-from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.core_v1 import ConfigMap, Namespace
 from lightkube.types import PatchType
 
 from mtrl_operator.adapters.kube import MultiTurnRLRun, PyTorchJob
@@ -53,12 +53,14 @@ from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.moto import EXECUTION_ROLE_ARN, MotoServer
 from mtrl_testbed.operator import OperatorProcess
 from mtrl_testbed.ports import wait_until
+from mtrl_testbed.standin_trainer import finished_report
 
 REPO = Path(__file__).resolve().parents[1]
 PYTORCHJOB_CRD = REPO / "tests" / "fixtures" / "thirdparty-crds" / "kubeflow.org_pytorchjobs.yaml"
 OPERATOR_USER = chart_identity.USERNAME
 POLL = 0.1  # for the run phases, kept by a watch; moto is asked every 0.5 s
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+MAX_STEPS = 100  # each run's grpo.maxSteps (the default), which its trainer reports reaching
 
 
 def run_manifest(name: str, subnet: str, group: str) -> dict[str, Any]:
@@ -66,7 +68,7 @@ def run_manifest(name: str, subnet: str, group: str) -> dict[str, Any]:
         "apiVersion": "mtrl.dev/v1alpha1", "kind": "MultiTurnRLRun",
         "metadata": {"name": name},
         "spec": {
-            "model": {"name": "random:tiny-qwen2"},
+            "model": {"name": "random:tiny-qwen2"}, "grpo": {"maxSteps": MAX_STEPS},
             "trainer": {"launcher": "PyTorchJob", "gpusPerNode": 8, "efaPerNode": 32},
             "rollout": {"environment": "target"},
             "workers": {"backend": "ecs-fargate", "cpu": 256, "memory": 512, "minReplicas": 1,
@@ -116,11 +118,21 @@ class TrainingOperator:
 
     def _succeed(self, name: str) -> None:
         with contextlib.suppress(ApiError):  # the run may be gone already
-            self._set(name, "Created", "Succeeded")
+            self._finish(self.client.get(PyTorchJob, name, namespace=self.namespace))
+
+    def _finish(self, job: Any) -> None:
+        """As a trainer ends: its report of the outcome (the operator's evidence), then the
+        job's Succeeded."""
+        container = job.spec["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value", "") for e in container.get("env") or []}
+        name, patch = finished_report(env, MAX_STEPS)
+        self.client.patch(ConfigMap, name, patch, namespace=self.namespace,
+                          patch_type=PatchType.MERGE)
+        self._set(job.metadata.name, "Created", "Succeeded")
 
     def finish_all(self) -> None:
         for job in self.client.list(PyTorchJob, namespace=self.namespace):
-            self._set(job.metadata.name, "Created", "Succeeded")
+            self._finish(job)
 
 
 class PhaseWatch:

@@ -31,6 +31,10 @@ demo run the real trainer and workers. What it does, and where it differs from a
   pod, its terminal phase and containers' exit codes (128 + signal for a killed process) are
   reported, so the Job controller can judge it by its podFailurePolicy (a DisruptionTarget
   condition the API server set on an evicted pod stays); then the pod object is removed.
+- An image whose registry is in the `.invalid` domain (RFC 2606: it never resolves) is never
+  pulled: its pod stays Pending on its node with `waiting: ErrImagePull`, then
+  `ImagePullBackOff`, in the kubelet's words, until it is deleted. Every other image is taken
+  as pulled.
 - Serves the kubelet's container-log endpoint (`container_logs`) on `--kubelet-port`, and
   registers that port and the InternalIP 127.0.0.1 in each Node's status, so `kubectl logs`
   reaches a container's `<pod folder>/<container>.log` through the API server.
@@ -115,6 +119,19 @@ async def _through_restarts(call: Callable[[], Awaitable[Any]], within: float = 
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.5)
+
+
+def cannot_pull(image: str) -> str:
+    """What the container runtime says of an image whose registry can never be reached, or
+    "": a host in the `.invalid` top-level domain, which RFC 2606 reserves so that it never
+    resolves (containerd's words, as the kubelet's ErrImagePull message carries them). Every
+    other image is taken as pulled: the agent runs commands, not images."""
+    host = image.split("/", 1)[0] if "/" in image else ""
+    if not (host == "invalid" or host.endswith(".invalid")):
+        return ""
+    return (f'rpc error: code = Unknown desc = failed to pull and unpack image "{image}": '
+            f'failed to resolve reference "{image}": failed to do request: Head '
+            f'"https://{host}/v2/": dial tcp: lookup {host}: no such host')
 
 
 def _now() -> str:
@@ -293,6 +310,10 @@ class NodeAgent:
             "phase": "Pending", "hostIP": "127.0.0.1", "podIP": state.ip,
             "podIPs": [{"ip": state.ip}], "startTime": _now(),
             "conditions": [{"type": "PodScheduled", "status": "True"}]})
+        if unpullable := [c for c in [*(pod.spec.initContainers or []), *pod.spec.containers]
+                          if cannot_pull(c.image or "")]:
+            await self._never_pulled(state, unpullable)  # until the pod is deleted
+            return
         for init in pod.spec.initContainers or []:
             code = await self._run_container(state, pod, init, mounts, env_base, wait=True)
             if code != 0:
@@ -375,6 +396,25 @@ class NodeAgent:
             if changed:
                 await self._report_running(state, pod)
             await asyncio.sleep(min((p.readinessProbe.periodSeconds or 10) for p in probed) / 5)
+
+    async def _never_pulled(self, state: PodProcess, containers: list[Any]) -> None:
+        """As the kubelet reports an image it cannot pull: ErrImagePull with the runtime's
+        error, then ImagePullBackOff while it backs off, for as long as the pod exists. The pod
+        stays Pending, bound to its node."""
+        first = True
+        while not state.terminating:
+            statuses = [{"name": c.name, "image": c.image, "imageID": "", "ready": False,
+                         "started": False, "restartCount": 0, "state": {"waiting": {
+                             "reason": "ErrImagePull" if first else "ImagePullBackOff",
+                             "message": cannot_pull(c.image) if first else
+                             f'Back-off pulling image "{c.image}"'}}} for c in containers]
+            await self._patch_status(state.namespace, state.name, {
+                "phase": "Pending", "containerStatuses": statuses,
+                "conditions": [{"type": "PodScheduled", "status": "True"},
+                               {"type": "Ready", "status": "False",
+                                "reason": "ContainersNotReady", "lastTransitionTime": _now()}]})
+            first = False
+            await asyncio.sleep(2)
 
     async def _report_running(self, state: PodProcess, pod: Pod) -> None:
         statuses = []

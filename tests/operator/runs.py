@@ -11,8 +11,12 @@ from typing import Any
 from mtrl_operator.naming import RunNames
 from mtrl_testbed import census
 from mtrl_testbed.cluster import LocalCluster
+from mtrl_testbed.standin_trainer import finished_report
 
-SUCCEED = ["python", "-c", "import time; time.sleep(1)"]
+# The real trainer's contract without a model: every step reported, then the outcome.
+SUCCEED = ["python", "-m", "mtrl_testbed.standin_trainer", "--step-seconds", "0.2"]
+# Exits 0 after its steps without reporting an outcome: no evidence it trained.
+EXITS_0_SILENTLY = [*SUCCEED, "--no-outcome"]
 FAIL = ["python", "-c", "raise SystemExit(3)"]
 HANG = ["python", "-c", "import time; time.sleep(600)"]
 
@@ -103,3 +107,18 @@ def wait_clean(cluster: LocalCluster, names: RunNames, timeout: float = 60) -> N
 def condition(run: dict[str, Any], type_: str) -> dict[str, Any] | None:
     return next((c for c in (run.get("status") or {}).get("conditions", [])
                  if c["type"] == type_), None)
+
+
+def report_outcome(cluster: LocalCluster, namespace: str, name: str,
+                   trained: int | None = None) -> None:
+    """What the trainer of the run's current launch writes when it finishes, for tests that
+    play the training operator's part by hand: without it, a workload marked Completed is no
+    evidence that anything trained."""
+    run = get(cluster, namespace, name)
+    assert run is not None, name
+    status, total = run["status"], run["spec"].get("grpo", {}).get("maxSteps", 100)
+    env = {"MTRL_ATTEMPT": str(status["attempts"]), "MTRL_LAUNCH": str(status["trainerLaunch"]),
+           "MTRL_PROGRESS_CONFIGMAP": names_of(run).progress_config_map}
+    configmap, patch = finished_report(env, total, trained)
+    cluster.kubectl("patch", "configmap", configmap, "-n", namespace, "--type", "merge", "-p",
+                    json.dumps(patch))

@@ -172,7 +172,8 @@ HANGS_AFTER_A_STEP = ["python", "-c", (
     "import os, sys, time\n"
     "from mtrl_trainer.progress import ConfigMapSink\n"
     "if os.environ['MTRL_ATTEMPT'] == '2':\n"
-    "    sys.exit(0)\n"
+    "    from mtrl_testbed.standin_trainer import main\n"
+    "    sys.exit(main(['--step-seconds', '0.1']))\n"
     "sink = ConfigMapSink(os.environ['MTRL_PROGRESS_CONFIGMAP'], os.environ['MTRL_NAMESPACE'])\n"
     "sink.report({'step': 1, 'totalSteps': 4, 'attempt': 1})\n"
     "time.sleep(600)\n")]
@@ -281,7 +282,8 @@ REPORTS_AND_ENDS = ["python", "-c", (
     "import os\n"
     "from mtrl_trainer.progress import ConfigMapSink\n"
     "sink = ConfigMapSink(os.environ['MTRL_PROGRESS_CONFIGMAP'], os.environ['MTRL_NAMESPACE'])\n"
-    "sink.report({'step': 3, 'totalSteps': 3, 'rewardMean': 0.75})\n")]
+    "sink.report({'step': 3, 'totalSteps': 3, 'rewardMean': 0.75, 'trainedSteps': 3,\n"
+    "             'launch': int(os.environ['MTRL_LAUNCH']), 'outcome': 'Succeeded'})\n")]
 
 
 def test_the_cost_keeps_up_while_a_hung_rendezvous_changes_nothing_else(

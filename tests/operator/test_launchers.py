@@ -22,6 +22,7 @@ from tests.operator.runs import (
     condition,
     get,
     names_of,
+    report_outcome,
     run_manifest,
     wait_clean,
     wait_for,
@@ -174,7 +175,9 @@ def test_a_failed_pytorchjobs_words_survive_the_controllers_clean_up(
     trainer's own words from them: a crash is retried in a new attempt (that succeeds here),
     and a configuration error (exit code 2) ends the run at once, in the trainer's words."""
     flaky = ["python", "-c", "import os, sys; print('trainer: boom', flush=True); "
-             "sys.exit(0 if os.environ['MTRL_ATTEMPT'] == '2' else 1)"]
+             "from mtrl_testbed.standin_trainer import main; "
+             "sys.exit(main(['--step-seconds', '0.1']) if os.environ['MTRL_ATTEMPT'] == '2' "
+             "else 1)"]
     misconfigured = ["python", "-c", "import os, sys; open(os.environ["
                      "'MTRL_TERMINATION_MESSAGE_PATH'], 'w').write('configuration error: "
                      "spec.model.name: no model nope/nope'); sys.exit(2)"]
@@ -226,6 +229,7 @@ def test_hyperpod_launcher_lifecycle(cluster: LocalCluster, operator: OperatorPr
     time.sleep(2)  # nothing to wait for: a run that stays Running
     run = get(cluster, namespace, "gpu")
     assert run["status"]["phase"] == "Running" and run["status"]["attempts"] == 1, run["status"]
+    report_outcome(cluster, namespace, "gpu")  # what its trainer writes as it finishes
     _set_conditions(cluster, resource, namespace, meta["name"], *done)
     run = wait_phase(cluster, namespace, "gpu", "Succeeded")
     wait_clean(cluster, names_of(run))

@@ -68,7 +68,8 @@ STEPS = 3
 # With a GATE file it waits until the test creates that file: a trainer that could finish on
 # its own might end before the slowest run is Running, and "every run Running" never come.
 # A report the API server cannot take (restarting) is retried, never skipped, so the final
-# status must show every step.
+# status must show every step; the last one carries the outcome and this launch's number, as
+# the real trainer's does (the operator's evidence that the run trained).
 REPORTING = ["python", "-c", textwrap.dedent(f"""\
     import os, time
     from mtrl_trainer.progress import ConfigMapSink
@@ -80,7 +81,10 @@ REPORTING = ["python", "-c", textwrap.dedent(f"""\
         deadline = time.monotonic() + 120
         while True:
             try:
-                sink.report({{"step": step, "totalSteps": {STEPS}, "rewardMean": step / 10}})
+                last = {{"outcome": "Succeeded"}} if step == {STEPS} else {{}}
+                sink.report({{"step": step, "totalSteps": {STEPS}, "rewardMean": step / 10,
+                             "trainedSteps": step, "launch": int(os.environ["MTRL_LAUNCH"]),
+                             **last}})
                 break
             except Exception:
                 if time.monotonic() > deadline:

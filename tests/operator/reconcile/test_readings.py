@@ -10,6 +10,7 @@ import pytest
 
 from mtrl_api.environments import known
 from mtrl_api.run import GeneratedDataset, MultiTurnRLRunSpec, WorkerBackend
+from mtrl_operator.reconcile.draft import TrainerReport
 from mtrl_operator.reconcile.readings import (
     newest_true_condition,
     queue_hold,
@@ -19,7 +20,6 @@ from mtrl_operator.reconcile.readings import (
     with_cause,
     with_pods,
 )
-from mtrl_operator.reconcile.draft import TrainerReport
 from mtrl_operator.reconcile.run import TrainerObserved, TrainerState
 from mtrl_operator.settings import Settings
 
