@@ -269,8 +269,8 @@ class TrainerSpec(ApiModel):
     auto_resume_max_retries: int = Field(3, ge=0, le=100)
     """Retries HyperPod makes when it owns them (docs/hyperpod.md, "Who retries"):
     HyperPodPyTorchJob's runPolicy.jobMaxRetryCount, and HyperPod auto-resume's
-    job-max-retry-count for a PyTorchJob in namespace kubeflow or hyperpod*. The operator does
-    not retry on top of them. Default 3."""
+    job-max-retry-count for a PyTorchJob in namespace kubeflow or hyperpod* on HyperPod nodes
+    (instanceType ml.*). The operator does not retry on top of them. Default 3."""
     termination_grace_period_seconds: int = Field(180, ge=30, le=3600)
     """Seconds a trainer pod has between SIGTERM (suspend, delete, a node drain, an eviction,
     a Kueue preemption) and SIGKILL: the trainer stops playing, saves a checkpoint at the step
@@ -325,7 +325,10 @@ class GrpoSpec(ApiModel):
     """Distinct prompts (tasks) per optimizer step; a step plays promptsPerStep x groupSize
     episodes. Default 16."""
     max_steps: int = Field(100, ge=1, le=1_000_000)
-    """Optimizer steps; the run succeeds when the trainer reaches it. Default 100."""
+    """Steps: each plays promptsPerStep groups (more with dynamicSamplingRounds) and makes at
+    most one optimizer update from them; a step whose groups all scored alike or lost an
+    episode updates nothing. The run succeeds when the trainer reports reaching it with at
+    least one step that updated the adapter (status.progress.trainedSteps). Default 100."""
     learning_rate: float = Field(1e-5, gt=0.0, le=1.0)
     """AdamW learning rate on the LoRA parameters. Default 1e-5."""
     kl_beta: float = Field(0.0, ge=0.0, le=10.0)
@@ -658,7 +661,8 @@ class LifecycleSpec(ApiModel):
     backoff_limit: int = Field(3, ge=0, le=100)
     """Trainer failures the operator retries (each a new attempt resuming from the latest
     checkpoint) before the run fails, where the operator owns retries: launcher Job, and
-    PyTorchJob outside HyperPod auto-resume's namespaces (docs/hyperpod.md, "Who retries").
+    PyTorchJob outside HyperPod auto-resume's namespaces or off HyperPod's ml.* nodes
+    (docs/hyperpod.md, "Who retries").
     Default 3."""
     ttl_seconds_after_finished: int | None = Field(None, ge=0, le=31_536_000)
     """Delete the run object this long after it finishes. Unset keeps it."""

@@ -100,6 +100,7 @@ class Bed:
             "MTRL_GENERATE_QUEUE_URL": self.queues.generate_url,
             "MTRL_DLQ_URL": self.queues.dlq_url, "MTRL_PAYLOAD_BUCKET": self.prefix,
             "MTRL_QUEUE_PREFIX": self.prefix, "MTRL_ATTEMPT": "1",
+            "MTRL_LAUNCH": str(LAUNCH),
             "AWS_REGION": self.s3.meta.region_name,
         }
 
@@ -202,6 +203,9 @@ class Trainer:
         return text.strip().splitlines()[-1][:300] if text.strip() else "(no output)"
 
 
+LAUNCH = 7  # MTRL_LAUNCH: a number no default would give, which the reports must echo
+
+
 def check(command: list[str], engine: str, root: Path, steps: int = 3) -> list[Part]:
     bed = Bed(command, engine, root)
     parts: list[Part] = []
@@ -228,9 +232,11 @@ def _valid_run(bed: Bed, steps: int) -> list[Part]:
         Part("trains", code == 0, f"exit code {code}" + ("" if code == 0 else
                                                           f": {trainer.tail()}")),
         Part("progress", last.get("step") == steps and last.get("totalSteps") == steps
-             and last.get("outcome") == "Succeeded",
+             and last.get("outcome") == "Succeeded" and last.get("launch") == LAUNCH
+             and isinstance(trained := last.get("trainedSteps"), int) and trained >= 1,
              f"last report: step {last.get('step')}/{last.get('totalSteps')}, outcome "
-             f"{last.get('outcome')!r}"),
+             f"{last.get('outcome')!r}, launch {last.get('launch')!r} (MTRL_LAUNCH {LAUNCH}), "
+             f"trainedSteps {last.get('trainedSteps')!r}"),
         Part("episodes", len(rewards) == steps and all(isinstance(r, float) for r in rewards),
              f"rewardMean by step {rewards}"),
         Part("metrics", [m.get("step") for m in lines] == list(range(1, steps + 1)),

@@ -44,6 +44,12 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
                                   "resumeFrom": f"s3://{DATA_BUCKET}/runs/gone"}},
                       "NothingAtPrefix",
                       f"spec.output.resumeFrom: nothing under s3://{DATA_BUCKET}/runs/gone/ in S3"),
+    # A run that finished its 3 steps: resuming from it at maxSteps 3 would train nothing.
+    "resume-past-end": ({"output": {"s3Uri": f"s3://{DATA_BUCKET}/runs",
+                                    "resumeFrom": f"s3://{DATA_BUCKET}/runs/finished"}},
+                        "ResumePastMaxSteps",
+                        "spec.output.resumeFrom: its newest checkpoint is at step 3, at or past "
+                        "spec.grpo.maxSteps 3: this run would train nothing"),
     "no-such-nodes": ({"trainer": {"instanceType": "p5.48xlarge"}}, "NoNodeOfInstanceType",
                       "spec.trainer.instanceType: no node has node.kubernetes.io/instance-type="
                       "p5.48xlarge (the cluster has ml.p5.48xlarge)"),
@@ -65,7 +71,11 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
 def test_a_run_that_cannot_work_fails_before_anything_is_created(
         cluster: LocalCluster, operator: OperatorProcess, namespace: str) -> None:
     # A model folder next to the one asked for must not count: "models/qwen-old/".
-    boto3.client("s3").put_object(Bucket=DATA_BUCKET, Key="models/qwen-old/config.json", Body=b"{}")
+    s3 = boto3.client("s3")
+    s3.put_object(Bucket=DATA_BUCKET, Key="models/qwen-old/config.json", Body=b"{}")
+    for step in (2, 3):
+        s3.put_object(Bucket=DATA_BUCKET, Key=f"runs/finished/checkpoints/step-{step:06d}/COMPLETE",
+                      Body=b"")
     for name, (sections, _, _) in CASES.items():
         manifest = run_manifest(name, **sections)
         if "s3" in manifest["spec"]["dataset"]:

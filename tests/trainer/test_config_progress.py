@@ -60,7 +60,8 @@ def test_progress_file_schema(tmp_path: Path) -> None:
     assert set(body) == {"step", "totalSteps", "rewardMean", "rewardStd", "successRate",
                          "zeroVarianceFraction", "validationSuccessRate", "validationPassAtK",
                          "tokensPerSecond", "components", "policyVersion", "updatedAt",
-                         "isWeightMean", "failedEpisodeFraction", "episodeError"}
+                         "isWeightMean", "failedEpisodeFraction", "episodeError",
+                         "trainedSteps"}
     assert body["validationPassAtK"] == [{"k": 1, "value": 0.25}, {"k": 4, "value": 0.75}]
     # What the operator copies into status.progress
     status = MultiTurnRLRunStatus.model_validate({"progress": body}).progress
@@ -100,26 +101,30 @@ def test_a_committed_checkpoint_is_named_in_this_and_every_later_report(tmp_path
     assert json.loads(path.read_text())["latestCheckpoint"].endswith("step-000002/")
 
 
-def test_progress_carries_the_attempt_and_the_final_outcome(tmp_path: Path) -> None:
-    """The operator reads both from the progress ConfigMap when the workload is gone."""
+def test_progress_carries_the_launch_the_attempt_and_the_final_outcome(tmp_path: Path) -> None:
+    """The operator reads them from the progress ConfigMap, also when the workload is gone;
+    the launch says which workload wrote the report, the outcome with every step and the
+    trained steps is its evidence of success."""
     path = tmp_path / "progress.json"
-    progress = Progress([FileSink(path)], attempt=2)
+    progress = Progress([FileSink(path)], attempt=2, launch=5)
     progress.report(ProgressReport(
         step=10, total_steps=10, reward_mean=0.5, reward_std=0.1, success_rate=None,
         zero_variance_fraction=None, validation_success_rate=None, tokens_per_second=None,
-        components=[], policy_version=10))
+        components=[], policy_version=10, trained_steps=9))
     body = json.loads(path.read_text())
-    assert body["attempt"] == 2 and "outcome" not in body
-    progress.succeeded(10, 10)
+    assert (body["attempt"], body["launch"], body["trainedSteps"]) == (2, 5, 9)
+    assert "outcome" not in body
+    progress.succeeded(10, 10, 9)
     final = json.loads(path.read_text())
-    assert final["outcome"] == "Succeeded" and final["attempt"] == 2
-    assert final["step"] == 10 and final["rewardMean"] == 0.5
-    # A resumed trainer that finds the run already done reports its outcome at once.
+    assert final["outcome"] == "Succeeded" and final["attempt"] == 2 and final["launch"] == 5
+    assert final["step"] == 10 and final["rewardMean"] == 0.5 and final["trainedSteps"] == 9
+    # A resumed trainer that finds the run already done reports its outcome at once, with
+    # the steps its checkpoint says trained.
     resumed = tmp_path / "resumed.json"
-    Progress([FileSink(resumed)], attempt=3).succeeded(10, 10)
+    Progress([FileSink(resumed)], attempt=3, launch=6).succeeded(10, 10, 9)
     assert json.loads(resumed.read_text()) | {"updatedAt": ""} == {
-        "step": 10, "totalSteps": 10, "components": [], "policyVersion": 10,
-        "outcome": "Succeeded", "attempt": 3, "updatedAt": ""}
+        "step": 10, "totalSteps": 10, "trainedSteps": 9, "components": [], "policyVersion": 10,
+        "outcome": "Succeeded", "attempt": 3, "launch": 6, "updatedAt": ""}
 
 
 def test_the_schema_offers_exactly_the_random_presets_the_trainer_builds() -> None:

@@ -70,6 +70,8 @@ def test_runs_sharing_an_output_prefix_train_apart_and_resume_only_when_told(
     metrics = third.metrics(resumed)  # its own folder's history begins where it began
     assert [m["step"] for m in metrics] == [3] and metrics[0]["outcome"] == "Succeeded"
     assert {"rewardMean", "successRate", "zeroVarianceFraction", "components"} <= set(metrics[0])
+    # Its evidence counts its own update, not the first run's two.
+    assert metrics[0]["trainedSteps"] <= 1
 
     # A resume that cannot be done is a configuration error, named, before any training.
     fourth = training_runs()
@@ -78,6 +80,14 @@ def test_runs_sharing_an_output_prefix_train_apart_and_resume_only_when_told(
     assert fourth.start_trainer(nowhere, "nowhere").wait(120) == CONFIG_ERROR
     assert f"spec.output.resumeFrom: no committed checkpoint under s3://{first.bucket}/" \
            "no-such-runs" in fourth.log("nowhere")
+    # From a checkpoint at or past maxSteps the run would train nothing and end with no
+    # adapter of its own: refused before any training.
+    done = copy.deepcopy(resumed)
+    done["grpo"]["maxSteps"] = 2
+    assert fourth.start_trainer(done, "done").wait(120) == CONFIG_ERROR
+    assert "spec.output.resumeFrom: its checkpoint in" in fourth.log("done") and \
+        "is at step 2, at or past spec.grpo.maxSteps 2: this run would train nothing" in \
+        fourth.log("done")
     other_rank = copy.deepcopy(resumed)
     other_rank["model"]["lora"] |= {"rank": 4, "alpha": 8}
     assert fourth.start_trainer(other_rank, "other-rank").wait(120) == CONFIG_ERROR

@@ -135,6 +135,20 @@ class Aws:
             return Found.PRESENT if keys[:1] == [prefix] else Found.NOTHING
         return Found.PRESENT if keys else Found.NOTHING
 
+    async def s3_keys(self, bucket: str, prefix: str, limit: int) -> list[str]:
+        """The keys under `prefix`, in order, at most `limit` of them (ListObjectsV2, page by
+        page; s3:ListBucket only)."""
+        keys: list[str] = []
+        token: str | None = None
+        while len(keys) < limit:
+            page = await call(self.s3, "list_objects_v2", Bucket=bucket, Prefix=prefix,
+                              **({"ContinuationToken": token} if token else {}))
+            keys += [o["Key"] for o in page.get("Contents") or []]
+            token = page.get("NextContinuationToken")
+            if not token:
+                break
+        return keys[:limit]
+
     async def describe_cluster(self, cluster: str) -> dict[str, Any]:
         return await self._call(self.ecs, "describe_clusters", clusters=[cluster])
 

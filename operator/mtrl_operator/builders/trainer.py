@@ -337,7 +337,7 @@ def _pytorch_job(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
 
     restartPolicy is set on each replica, which the controller copies into its pods; setting it
     in the template too earns a `SetPodTemplateRestartPolicy` warning on every job."""
-    resumed = retry_owner(spec.trainer.launcher, names.namespace) == \
+    resumed = retry_owner(spec.trainer, names.namespace) == \
         RetryOwner.HYPERPOD_AUTO_RESUME
     policy = "OnFailure" if resumed else "Never"
     template = pod_template(names, spec, env, attempt, container_name="pytorch",

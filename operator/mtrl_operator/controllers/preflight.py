@@ -12,12 +12,15 @@ from mtrl_operator.reconcile.preflight import (
     Found,
     ecs_cluster_problem,
     nodes_problem,
+    resume_problem,
     s3_lookups,
     s3_problem,
     verdict,
 )
 
 PREFLIGHT = "Preflight"  # the run's condition: True once the checks passed
+RESUME_FROM = "spec.output.resumeFrom"
+MAX_RESUME_KEYS = 10_000  # keys listed under resumeFrom (ten ListObjectsV2 pages) at most
 
 
 def due(status: MultiTurnRLRunStatus, deleting: bool) -> bool:
@@ -41,6 +44,10 @@ async def preflight(spec: MultiTurnRLRunSpec, aws: Aws, ecs_cluster: str,
         elif found == Found.DENIED:
             notes.append(f"{lookup.field} not checked (the operator may not list bucket "
                          f"{lookup.bucket!r})")
+        elif lookup.field == RESUME_FROM and found == Found.PRESENT:
+            keys = await aws.s3_keys(lookup.bucket, lookup.prefix, MAX_RESUME_KEYS)
+            if (problem := resume_problem(spec, keys)) is not None:
+                problems.append(problem)
     if spec.workers.backend == WorkerBackend.ECS_FARGATE:
         described = await aws.describe_cluster(ecs_cluster)
         if (problem := ecs_cluster_problem(ecs_cluster, aws.region, described)) is not None:

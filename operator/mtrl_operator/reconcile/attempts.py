@@ -293,7 +293,7 @@ def _failed_attempt(st: Draft, spec: MultiTurnRLRunSpec, trainer: TrainerObserve
         return st.wait(cleanup, requeue=0.5)
     reason = ("TrainerHung" if trainer.hung else "TrainerStartTimeout" if trainer.never_started
               else "TrainerFailed")
-    owner = retry_owner(spec.trainer.launcher, st.obs.namespace)
+    owner = retry_owner(spec.trainer, st.obs.namespace)
     if owner != RetryOwner.OPERATOR:
         st.finish(False, reason,
                   f"the {spec.trainer.launcher.value} failed after the retries "

@@ -7,6 +7,7 @@ into (reason, message) or None. The look-ups themselves are `controllers/preflig
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
@@ -74,6 +75,24 @@ def s3_problem(lookup: S3Lookup, found: Found) -> tuple[str, str] | None:
     if lookup.whole_key:
         return ("ObjectNotFound", f"{lookup.field}: no S3 object {lookup.uri}")
     return ("NothingAtPrefix", f"{lookup.field}: nothing under {lookup.uri.rstrip('/')}/ in S3")
+
+
+# A committed checkpoint, as the trainer writes it (trainer/mtrl_trainer/checkpoint.py): its
+# folder's COMPLETE marker, written last.
+COMMITTED_CHECKPOINT = re.compile(r"(?:^|/)checkpoints/step-(\d{6,})/COMPLETE$")
+
+
+def resume_problem(spec: MultiTurnRLRunSpec, keys: list[str]) -> tuple[str, str] | None:
+    """A spec.output.resumeFrom whose newest committed checkpoint (the one the trainer resumes
+    from: the highest step under it) is at or past grpo.maxSteps: the run would play no step,
+    train nothing and write no adapter of its own."""
+    steps = [int(m.group(1)) for key in keys if (m := COMMITTED_CHECKPOINT.search(key))]
+    if not steps or max(steps) < spec.grpo.max_steps:
+        return None
+    return ("ResumePastMaxSteps",
+            f"spec.output.resumeFrom: its newest checkpoint is at step {max(steps)}, at or past "
+            f"spec.grpo.maxSteps {spec.grpo.max_steps}: this run would train nothing; raise "
+            "maxSteps or resume from an earlier checkpoint")
 
 
 def ecs_cluster_problem(cluster: str, region: str, described: dict[str, Any]) -> tuple[str, str] | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from mtrl_api.run import LauncherKind
+from mtrl_api.run import LauncherKind, TrainerSpec
 
 
 class RetryOwner(StrEnum):
@@ -21,15 +21,23 @@ class RetryOwner(StrEnum):
     HYPERPOD_TRAINING_OPERATOR = "hyperpod-training-operator"  # HyperPodPyTorchJob runPolicy
 
 
-def auto_resume_applies(namespace: str) -> bool:
+HYPERPOD_INSTANCE_PREFIX = "ml."  # HyperPod nodes' node.kubernetes.io/instance-type
+
+
+def auto_resume_applies(namespace: str, instance_type: str) -> bool:
     """HyperPod auto-resume acts on PyTorchJobs in namespace kubeflow or one prefixed hyperpod
-    (AWS docs, "Running jobs using the SageMaker HyperPod CLI", Enabling job auto-resume)."""
-    return namespace == "kubeflow" or namespace.startswith("hyperpod")
+    (AWS docs, "Running jobs using the SageMaker HyperPod CLI", Enabling job auto-resume), on
+    HyperPod's own nodes: their instance types are SageMaker's (`ml.p5.48xlarge`). A run placed
+    on other nodes (plain EKS `p5.48xlarge`, an on-premises Kubeflow) in namespace kubeflow has
+    no HyperPod to retry it, so the operator does."""
+    return instance_type.startswith(HYPERPOD_INSTANCE_PREFIX) and (
+        namespace == "kubeflow" or namespace.startswith("hyperpod"))
 
 
-def retry_owner(launcher: LauncherKind, namespace: str) -> RetryOwner:
-    if launcher == LauncherKind.HYPERPOD_PYTORCH_JOB:
+def retry_owner(trainer: TrainerSpec, namespace: str) -> RetryOwner:
+    if trainer.launcher == LauncherKind.HYPERPOD_PYTORCH_JOB:
         return RetryOwner.HYPERPOD_TRAINING_OPERATOR
-    if launcher == LauncherKind.PYTORCH_JOB and auto_resume_applies(namespace):
+    if trainer.launcher == LauncherKind.PYTORCH_JOB and \
+            auto_resume_applies(namespace, trainer.instance_type):
         return RetryOwner.HYPERPOD_AUTO_RESUME
     return RetryOwner.OPERATOR

@@ -231,3 +231,17 @@ def test_while_an_older_attempts_workload_goes_the_run_says_so() -> None:
     d = decide(observe(status, trainers_exist=True, progress=Progress(step=3)))
     assert d.actions == [Act.DELETE_TRAINER]
     assert d.status.message == "removing the trainer of an earlier attempt before attempt 2"
+
+
+def test_namespace_kubeflow_on_nodes_that_are_not_hyperpods_gets_the_operators_retries() -> None:
+    """HyperPod auto-resume acts in namespace kubeflow only on HyperPod's own nodes (instance
+    types ml.*): on plain Kubeflow a failed PyTorchJob there used to fail the run at once, with
+    nobody retrying it."""
+    failed = TrainerObserved(1, TrainerState.FAILED, "exit code 1")
+    for instance_type, retried in (("p5.48xlarge", True), ("ml.p5.48xlarge", False)):
+        run = spec(LauncherKind.PYTORCH_JOB)
+        run.trainer.instance_type = instance_type
+        d = decide(observe(launched(), run, trainer=failed, trainers_exist=True,
+                           namespace="kubeflow"))
+        assert (d.status.phase != Phase.FAILED) == retried, (instance_type, d.status.message)
+        assert d.status.failed_attempts == (1 if retried else 0)

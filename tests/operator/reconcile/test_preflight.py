@@ -148,3 +148,16 @@ def test_every_problem_is_told_at_once_the_first_leading() -> None:
                     ("NotEnoughNodes", "spec.trainer.nodes: two asked, one there")]) == (
         "BucketNotFound", "spec.output.s3Uri: no bucket (and 2 more: spec.dataset.s3.trainUri: "
                           "no object; spec.trainer.nodes: two asked, one there)")
+
+
+def test_a_resume_from_a_checkpoint_at_or_past_max_steps_is_refused() -> None:
+    from mtrl_operator.reconcile.preflight import resume_problem
+
+    run = spec(grpo={"maxSteps": 20})
+    keys = ["old/checkpoints/step-000010/COMPLETE", "old/checkpoints/step-000020/adapter.bin",
+            "old/checkpoints/step-000020/COMPLETE", "older/checkpoints/step-000005/COMPLETE"]
+    reason, message = resume_problem(run, keys) or ("", "")
+    assert reason == "ResumePastMaxSteps" and "newest checkpoint is at step 20" in message
+    # A checkpoint not yet committed (no COMPLETE) does not count; one below maxSteps is fine.
+    assert resume_problem(run, keys[:2] + keys[3:]) is None
+    assert resume_problem(run, []) is None
