@@ -7,6 +7,8 @@ operator prices ml.p5.48xlarge at a dollar a node-second (tests/conftest.py)."""
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Callable
 
 import pytest
 
@@ -14,6 +16,7 @@ from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.operator import OperatorProcess
 from tests.operator.runs import (
     EXITS_0_SILENTLY,
+    HANG,
     apply,
     condition,
     get,
@@ -119,3 +122,28 @@ def test_max_cost_ends_a_run_whose_trainer_never_starts(
     assert condition(run, "Failed")["reason"] == "BudgetExceeded", run["status"]
     assert run["status"]["cost"]["usd"] >= 5
     wait_clean(cluster, names_of(run))
+
+
+def test_an_operator_upgrade_that_changes_pricing_leaves_a_running_run_alone(
+        cluster: LocalCluster, operator_factory: Callable[..., OperatorProcess]) -> None:
+    """A helm upgrade whose `pricing` no longer has the run's instance type used to fail a
+    Running run with NoPrice and delete its trainer; now the run keeps the price it started
+    with, and the new operator meters it at that price."""
+    namespace = f"upgrade-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", namespace)
+    common = {"MTRL_OPERATOR_ID": "upgrade", "MTRL_NAMESPACES": namespace,
+              "MTRL_COST_REFRESH_SECONDS": "1"}
+    before = operator_factory(**common, MTRL_INSTANCE_PRICES="ml.p5.48xlarge=3600")
+    apply(cluster, namespace, run_manifest("priced", trainer={"command": HANG},
+                                           lifecycle={"maxCostUSD": 100000}))
+    run = wait_phase(cluster, namespace, "priced", "Running", timeout=90)
+    assert run["status"]["cost"]["price"] == 3600  # a dollar a node-second
+    before.stop()
+    shown = _status(cluster, namespace, "priced")["cost"]["usd"]
+    operator_factory(**common, MTRL_INSTANCE_PRICES="ml.p4d.24xlarge=10")
+    # The new operator's own write of the meter: it reconciled the run, at the old price.
+    status = wait_for(lambda: (s := _status(cluster, namespace, "priced")) and
+                      s["cost"]["usd"] > shown + 3 and s, 60, "the new operator's meter")
+    assert status["phase"] == "Running" and status["cost"]["price"] == 3600, status
+    cluster.kubectl("delete", "mtrlrun", "priced", "-n", namespace, "--timeout=90s")
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false")
