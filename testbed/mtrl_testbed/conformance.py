@@ -50,8 +50,11 @@ def run_spec(bucket: str, engine: str, steps: int, checkpoint_every: int) -> dic
                   "lora": {"rank": 8, "alpha": 16, "dropout": 0.0}},
         "trainer": {"engine": engine, "gpusPerNode": 0, "efaPerNode": 0,
                     "terminationGracePeriodSeconds": GRACE_S},
-        "grpo": {"groupSize": 4, "promptsPerStep": 2, "maxSteps": steps, "learningRate": 0.02,
-                 "maxNewTokens": 8, "seed": 7},
+        # Enough completion tokens a step (8 x 2 x 12) that the random policy samples a
+        # few targets, so some group's rewards differ and the step trains: a run that trains
+        # nothing is no success (it stops with `nothing trained:`).
+        "grpo": {"groupSize": 8, "promptsPerStep": 2, "maxSteps": steps, "learningRate": 0.02,
+                 "maxNewTokens": 12, "seed": 7},
         "rollout": {"environment": "target", "maxTurns": 1, "episodeTimeoutSeconds": 60},
         "dataset": {"inline": {"train": [{"target_token_id": target}] * 2},
                     "evalIntervalSteps": 0},

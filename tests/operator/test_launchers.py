@@ -42,12 +42,13 @@ def launcher_crds(cluster: LocalCluster) -> None:
 
 
 def _set_conditions(cluster: LocalCluster, resource: str, namespace: str, name: str,
-                    *types: str) -> None:
+                    *types: str, check: bool = True) -> None:
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     conditions = [{"type": t, "status": "True", "reason": t, "message": f"job {t.lower()}",
                    "lastTransitionTime": now, "lastUpdateTime": now} for t in types]
     cluster.kubectl("patch", resource, name, "-n", namespace, "--subresource=status",
-                    "--type=merge", "-p", json.dumps({"status": {"conditions": conditions}}))
+                    "--type=merge", "-p", json.dumps({"status": {"conditions": conditions}}),
+                    check=check)
 
 
 def _set_history(cluster: LocalCluster, resource: str, namespace: str, name: str,
@@ -102,9 +103,10 @@ def test_the_pytorchjob_the_operator_renders_passes_the_real_webhook(
 
 def test_a_pytorchjob_trains_through_the_real_training_operator(
         cluster: LocalCluster, operator: OperatorProcess, namespace: str) -> None:
-    """The controller makes the Master pod and its Service and says the job succeeded (its
-    Events outlive the job, which the operator deletes at once); the run ends Succeeded after
-    one attempt."""
+    """The controller makes the Master pod and its Service (its Events outlive the job); the
+    run ends Succeeded after one attempt on its trainer's report of the outcome, which comes
+    as the trainer exits, and the operator deletes the job at once, maybe before Kubeflow's
+    controller marks it Succeeded: the GPUs go as soon as the work is proven done."""
     resource = "pytorchjobs.kubeflow.org"
     apply(cluster, namespace, run_manifest("real", trainer={
         "launcher": "PyTorchJob", "command": STANDIN_TRAINER}, grpo={"maxSteps": 3}))
@@ -114,8 +116,7 @@ def test_a_pytorchjob_trains_through_the_real_training_operator(
         run["status"]
     assert condition(run, "Complete")["reason"] == "TrainingComplete"
     reasons = _event_reasons(cluster, namespace, job)
-    assert {"SuccessfulCreatePod", "SuccessfulCreateService", "PyTorchJobSucceeded"} <= \
-        set(reasons), reasons
+    assert {"SuccessfulCreatePod", "SuccessfulCreateService"} <= set(reasons), reasons
     wait_clean(cluster, names_of(run))
 
 
@@ -229,8 +230,10 @@ def test_hyperpod_launcher_lifecycle(cluster: LocalCluster, operator: OperatorPr
     time.sleep(2)  # nothing to wait for: a run that stays Running
     run = get(cluster, namespace, "gpu")
     assert run["status"]["phase"] == "Running" and run["status"]["attempts"] == 1, run["status"]
-    report_outcome(cluster, namespace, "gpu")  # what its trainer writes as it finishes
-    _set_conditions(cluster, resource, namespace, meta["name"], *done)
+    # Its trainer reports the outcome as it finishes, then the job completes: the report is
+    # the evidence, and the operator may have deleted the job before it says Completed.
+    report_outcome(cluster, namespace, "gpu")
+    _set_conditions(cluster, resource, namespace, meta["name"], *done, check=False)
     run = wait_phase(cluster, namespace, "gpu", "Succeeded")
     wait_clean(cluster, names_of(run))
     gone = cluster.kubectl("get", resource, "-n", namespace, "-o", "name").stdout.strip()

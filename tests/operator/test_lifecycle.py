@@ -126,8 +126,9 @@ def test_happy_path_ecs_fargate_workers(cluster: LocalCluster, operator: Operato
 
 def test_failure_is_retried_from_a_new_attempt(cluster: LocalCluster, operator: OperatorProcess,
                                                namespace: str) -> None:
-    flaky = ["python", "-c", "import os, sys; sys.exit(0 if os.environ['MTRL_ATTEMPT'] == '2' "
-             "else 1)"]
+    flaky = ["python", "-c", "import os, sys\nif os.environ['MTRL_ATTEMPT'] != '2':\n"
+             "    sys.exit(1)\nfrom mtrl_testbed.standin_trainer import main\n"
+             "sys.exit(main(['--step-seconds', '0.1']))"]
     apply(cluster, namespace, run_manifest("flaky", trainer={"command": flaky},
                                            lifecycle={"backoffLimit": 2}))
     run = wait_phase(cluster, namespace, "flaky", "Succeeded")
