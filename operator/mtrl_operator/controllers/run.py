@@ -26,7 +26,7 @@ from mtrl_api.run import (
     ResourceRefs,
     WorkerBackend,
 )
-from mtrl_operator import metrics
+from mtrl_operator import launchers, metrics
 from mtrl_operator.adapters.aws import Aws
 from mtrl_operator.adapters.kube import Kube
 from mtrl_operator.builders.workers import LOG_STREAM_PREFIX
@@ -53,7 +53,6 @@ from mtrl_operator.reconcile.readings import (
     queue_hold,
     spec_problem,
     trainer_report,
-    trainer_state,
     with_cause,
     with_pods,
 )
@@ -470,7 +469,7 @@ class Controller:
             left: tuple[str | None, str | None] = next(iter(workloads), (None, None))
             return TrainerSeen(None, workloads, progress, *left)
         (kind, name), obj = found
-        current = trainer_state(kind, obj, status.attempts)
+        current = launchers.observe(kind, obj, status.attempts)
         if lookups.needs_live_report(current, trainer_report(progress) if progress else None,
                                      status):
             # The workload's end can come through its watch before the trainer's last patch

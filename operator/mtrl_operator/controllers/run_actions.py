@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtrl_api.run import MultiTurnRLRunSpec, WorkerBackend
+from mtrl_operator import launchers
 from mtrl_operator.adapters.aws import Aws
 from mtrl_operator.adapters.kube import Kube
 from mtrl_operator.builders import queues as queue_builders
@@ -145,7 +146,7 @@ class RunActions:
         await self.kube.create(trainer_builders.config_map(names, spec, owner))
         for manifest in trainer_builders.progress_channel(names, spec, owner):
             await self.kube.create(manifest)
-        for manifest in trainer_builders.workload(names, spec, env, attempt, owner):
+        for manifest in launchers.build(names, spec, env, attempt, owner):
             await self.kube.create(manifest)
 
     async def _announce(self, body: dict[str, Any], names: RunNames, action: Act,
