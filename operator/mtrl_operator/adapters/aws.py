@@ -8,9 +8,10 @@ second. (moto ignores ECS client tokens; real ECS honours them as a second line 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import boto3
@@ -76,6 +77,33 @@ async def call(client: Any, op: str, **kwargs: Any) -> dict[str, Any]:
         raise
 
 
+def all_pages(fetch: Callable[..., dict[str, Any]], key: str, token_in: str, token_out: str,
+              ) -> list[Any]:
+    """Every item of a paginated AWS list call, following its token to the last page. ECS
+    lists at most 100 tasks or task definitions a page, SQS 1000 queues, CloudWatch Logs 50
+    groups: a single call sees only the first page. `fetch` takes the token as a keyword."""
+    items: list[Any] = []
+    token: str | None = None
+    while True:
+        page = fetch(**({token_in: token} if token else {}))
+        items += page.get(key) or []
+        token = page.get(token_out)
+        if not token:
+            return items
+
+
+async def paged(client: Any, op: str, key: str, token_in: str = "nextToken",
+                token_out: str = "nextToken", **kwargs: Any) -> list[Any]:
+    """`all_pages` of one boto3 call, in a thread; an error is counted as `call` counts it."""
+    try:
+        return await asyncio.to_thread(all_pages, functools.partial(getattr(client, op), **kwargs),
+                                       key, token_in, token_out)
+    except ClientError as exc:
+        metrics.CLOUD_ERRORS.labels(operation=op,
+                                    code=exc.response.get("Error", {}).get("Code", "?")).inc()
+        raise
+
+
 async def tagged_resources(tagging: Any, operator_id: str,
                            types: list[str]) -> AsyncIterator[tuple[str, dict[str, str]]]:
     """(ARN, tags) of every resource of `types` this operator tagged, page by page."""
@@ -105,14 +133,28 @@ class Aws:
         self.s3 = client(session, "s3")
         self.logs = client(session, "logs")
 
+    def _spec_error(self, op: str, exc: ClientError) -> SpecError | None:
+        code = exc.response["Error"].get("Code", "?")
+        if code in SPEC_ERROR_CODES:
+            return SpecError(code, f"{op} in {self.region}: "
+                                   f"{exc.response['Error'].get('Message', code)}")
+        return None
+
     async def _call(self, client: Any, op: str, **kwargs: Any) -> dict[str, Any]:
         try:
             return await call(client, op, **kwargs)
         except ClientError as exc:
-            code = exc.response["Error"].get("Code", "?")
-            if code in SPEC_ERROR_CODES:
-                raise SpecError(code, f"{op} in {self.region}: "
-                                      f"{exc.response['Error'].get('Message', code)}") from exc
+            if (error := self._spec_error(op, exc)) is not None:
+                raise error from exc
+            raise
+
+    async def _paged(self, client: Any, op: str, key: str, **kwargs: Any) -> list[Any]:
+        """Every page of a list call (`paged`), with `_call`'s errors."""
+        try:
+            return await paged(client, op, key, **kwargs)
+        except ClientError as exc:
+            if (error := self._spec_error(op, exc)) is not None:
+                raise error from exc
             raise
 
     # ------------------------------------------------------------------ preflight
@@ -153,8 +195,9 @@ class Aws:
                          retentionInDays=retention_days)
 
     async def log_group_exists(self, name: str) -> bool:
-        resp = await self._call(self.logs, "describe_log_groups", logGroupNamePrefix=name)
-        return any(g["logGroupName"] == name for g in resp.get("logGroups", []))
+        groups = await self._paged(self.logs, "describe_log_groups", "logGroups",
+                                   logGroupNamePrefix=name)
+        return any(g["logGroupName"] == name for g in groups)
 
     async def delete_log_group(self, name: str) -> bool:
         try:
@@ -170,14 +213,19 @@ class Aws:
 
     async def queues(self, names: RunNames) -> dict[str, str]:
         """role -> URL of the run's queues that exist (reply queues of workers excluded)."""
-        resp = await self._call(self.sqs, "list_queues", QueueNamePrefix=names.aws_prefix,
-                                MaxResults=1000)
         out = {}
-        for url in resp.get("QueueUrls", []):
+        for url in await self._queue_urls(names):
             role = _queue_role(names, url)
             if role:
                 out[role] = url
         return out
+
+    async def _queue_urls(self, names: RunNames) -> list[str]:
+        """Every queue under the run's prefix: its four, and one reply queue per worker (up to
+        1000 workers, so more than one page of ListQueues)."""
+        return await self._paged(self.sqs, "list_queues", "QueueUrls", token_in="NextToken",
+                                 token_out="NextToken", QueueNamePrefix=names.aws_prefix,
+                                 MaxResults=1000)
 
     async def _create_queue(self, req: QueueRequest) -> str:
         resp = await self._call(self.sqs, "create_queue", QueueName=req.name,
@@ -208,9 +256,7 @@ class Aws:
 
     async def delete_queues(self, names: RunNames) -> int:
         """Delete every queue under the run's prefix, workers' reply queues included."""
-        resp = await self._call(self.sqs, "list_queues", QueueNamePrefix=names.aws_prefix,
-                                MaxResults=1000)
-        urls = resp.get("QueueUrls", [])
+        urls = await self._queue_urls(names)
         for url in urls:
             await self._delete_queue(url)
         return len(urls)
@@ -226,9 +272,9 @@ class Aws:
     # ------------------------------------------------------------------ ECS
 
     async def active_task_definitions(self, names: RunNames) -> list[str]:
-        resp = await self._call(self.ecs, "list_task_definitions", familyPrefix=names.task_family,
-                                status="ACTIVE", sort="DESC")
-        return [arn for arn in resp.get("taskDefinitionArns", [])
+        arns = await self._paged(self.ecs, "list_task_definitions", "taskDefinitionArns",
+                                 familyPrefix=names.task_family, status="ACTIVE", sort="DESC")
+        return [arn for arn in arns
                 if arn.rsplit("/", 1)[-1].rsplit(":", 1)[0] == names.task_family]
 
     async def ensure_task_definition(self, names: RunNames, body: dict[str, Any],
@@ -259,13 +305,12 @@ class Aws:
         arns: list[str] = []
         for status in desired:
             try:
-                resp = await self._call(self.ecs, "list_tasks", cluster=cluster,
-                                        startedBy=names.started_by, desiredStatus=status)
+                arns += await self._paged(self.ecs, "list_tasks", "taskArns", cluster=cluster,
+                                          startedBy=names.started_by, desiredStatus=status)
             except SpecError as exc:
                 if exc.reason == "ClusterNotFoundException":  # no cluster, no tasks
                     return []
                 raise
-            arns += resp.get("taskArns", [])
         if not arns:
             return []
         tasks = []
