@@ -100,7 +100,7 @@ class Worker:
         self._codec = Codec(s3, c.payload_bucket, threshold_bytes=c.offload_threshold_bytes)
         self._outbox = Outbox(self._sqs)
         tags = resource_tags(c.run_id, c.namespace, c.run_name, COMPONENT_WORKER_REPLY,
-                             c.operator_id)
+                             c.operator_id, c.cluster_id)
         reply_name = reply_queue_name(c.reply_queue_prefix, c.worker_id)
         reply_url = await asyncio.to_thread(
             create_queue, self._sqs.client, reply_name, tags, REPLY_QUEUE_ATTRIBUTES

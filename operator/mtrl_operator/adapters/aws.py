@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import boto3
@@ -25,7 +24,8 @@ from mtrl_operator.errors import SPEC_ERROR_CODES, SpecError
 from mtrl_operator.naming import QUEUE_ROLES, RunNames
 from mtrl_operator.reconcile.draft import OPERATOR_STOP_REASON, EcsTask, Placement
 from mtrl_operator.reconcile.preflight import Found
-from mtrl_rollout.queues import MANAGED_BY, TAG_MANAGED_BY, TAG_OPERATOR_ID, TAG_RUN_UID
+from mtrl_operator.reconcile.sweep import Owner, Tagged
+from mtrl_rollout.queues import MANAGED_BY, TAG_CLUSTER_ID, TAG_MANAGED_BY, TAG_OPERATOR_ID
 
 log = logging.getLogger("mtrl.aws")
 
@@ -104,23 +104,17 @@ async def paged(client: Any, op: str, key: str, token_in: str = "nextToken",
         raise
 
 
-async def tagged_resources(tagging: Any, operator_id: str,
-                           types: list[str]) -> AsyncIterator[tuple[str, dict[str, str]]]:
-    """(ARN, tags) of every resource of `types` this operator tagged, page by page."""
-    token = ""
-    while True:
-        kwargs: dict[str, Any] = {
-            "TagFilters": [{"Key": TAG_MANAGED_BY, "Values": [MANAGED_BY]},
-                           {"Key": TAG_OPERATOR_ID, "Values": [operator_id]}],
-            "ResourceTypeFilters": types, "ResourcesPerPage": 100}
-        if token:
-            kwargs["PaginationToken"] = token
-        resp = await call(tagging, "get_resources", **kwargs)
-        for item in resp.get("ResourceTagMappingList", []):
-            yield item["ResourceARN"], {t["Key"]: t["Value"] for t in item.get("Tags", [])}
-        token = resp.get("PaginationToken", "")
-        if not token:
-            return
+async def tagged_resources(tagging: Any, owner: Owner, types: list[str]) -> list[Tagged]:
+    """(ARN, tags) of every resource of `types` tagged with this operator's id and cluster, all
+    pages. The tagging API filters; `reconcile.sweep` checks the tags again."""
+    found = await paged(tagging, "get_resources", "ResourceTagMappingList",
+                        token_in="PaginationToken", token_out="PaginationToken",
+                        TagFilters=[{"Key": TAG_MANAGED_BY, "Values": [MANAGED_BY]},
+                                    {"Key": TAG_OPERATOR_ID, "Values": [owner.operator_id]},
+                                    {"Key": TAG_CLUSTER_ID, "Values": [owner.cluster_id]}],
+                        ResourceTypeFilters=types, ResourcesPerPage=100)
+    return [(item["ResourceARN"], {t["Key"]: t["Value"] for t in item.get("Tags", [])})
+            for item in found]
 
 
 class Aws:
@@ -367,18 +361,12 @@ class Aws:
 
     # ------------------------------------------------------------------ sweeping
 
-    async def tagged(self, operator_id: str) -> dict[str, list[str]]:
-        """run UID -> ARNs of resources this operator tagged (queues, tasks, definitions)."""
-        by_run: dict[str, list[str]] = defaultdict(list)
-        async for arn, tags in tagged_resources(self.tagging, operator_id,
-                                                # The whole service: log groups are all
-                                                # the operator makes there (moto names the
-                                                # type logs:loggroup, AWS logs:log-group).
-                                                ["sqs", "ecs:task", "ecs:task-definition",
-                                                 "logs"]):
-            if TAG_RUN_UID in tags:
-                by_run[tags[TAG_RUN_UID]].append(arn)
-        return dict(by_run)
+    async def tagged(self, owner: Owner) -> list[Tagged]:
+        """(ARN, tags) of the resources this operator tagged: queues, tasks, task definitions
+        and log groups (the whole logs service: log groups are all the operator makes there,
+        and moto names the type logs:loggroup where AWS says logs:log-group)."""
+        return await tagged_resources(self.tagging, owner,
+                                      ["sqs", "ecs:task", "ecs:task-definition", "logs"])
 
     async def delete_by_arn(self, arn: str, cluster: str) -> bool:
         """Delete one swept resource, whatever its kind; False when it was already gone.

@@ -28,6 +28,7 @@ def data_plane_env(names: RunNames, spec: MultiTurnRLRunSpec, queue_urls: dict[s
         "MTRL_PAYLOAD_BUCKET": urlparse(spec.output.s3_uri).netloc,
         "MTRL_QUEUE_PREFIX": names.aws_prefix,
         "MTRL_OPERATOR_ID": names.operator_id,
+        "MTRL_CLUSTER_ID": names.cluster_id,
         "AWS_REGION": region,
     }
 
