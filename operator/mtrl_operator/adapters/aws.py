@@ -263,6 +263,37 @@ class Aws:
                 raise
         metrics.RESOURCES_DELETED.labels(kind="queue").inc()
 
+    # ------------------------------------------------------------------ payloads
+
+    async def delete_payloads(self, bucket: str, prefix: str) -> int:
+        """Delete every object under the run's payload prefix (what readers that died before
+        their delete left): ListObjectsV2 page by page, DeleteObjects 1000 keys a call. A
+        bucket that is gone holds nothing; a denied listing (a policy without
+        `DeleteRunPayloads`) is logged and leaves them, so teardown never hangs on it."""
+        try:
+            objects = await self._paged(self.s3, "list_objects_v2", "Contents",
+                                        token_in="ContinuationToken",
+                                        token_out="NextContinuationToken",
+                                        Bucket=bucket, Prefix=f"{prefix}/")
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code == "NoSuchBucket":
+                return 0
+            if code in ("AccessDenied", "AllAccessDisabled"):
+                log.warning("cannot list s3://%s/%s/ to delete the run's payloads (%s): the "
+                            "operator's role needs the DeleteRunPayloads statement "
+                            "(docs/iam.md); they stay until the bucket's lifecycle rule "
+                            "removes them", bucket, prefix, code)
+                return 0
+            raise
+        keys = [o["Key"] for o in objects]
+        for i in range(0, len(keys), 1000):
+            await self._call(self.s3, "delete_objects", Bucket=bucket, Delete={
+                "Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
+        if keys:
+            metrics.RESOURCES_DELETED.labels(kind="payload").inc(len(keys))
+        return len(keys)
+
     # ------------------------------------------------------------------ ECS
 
     async def active_task_definitions(self, names: RunNames) -> list[str]:
