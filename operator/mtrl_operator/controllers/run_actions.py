@@ -20,7 +20,7 @@ from mtrl_operator.adapters.kube import Kube
 from mtrl_operator.builders import queues as queue_builders
 from mtrl_operator.builders import trainer as trainer_builders
 from mtrl_operator.builders import workers as worker_builders
-from mtrl_operator.builders.env import trainer_env, worker_env
+from mtrl_operator.builders.env import payload_bucket, trainer_env, worker_env
 from mtrl_operator.naming import FINALIZER, RunNames, owner_reference
 from mtrl_operator.reconcile.draft import (
     Act,
@@ -31,6 +31,7 @@ from mtrl_operator.reconcile.draft import (
     TrainerState,
 )
 from mtrl_operator.settings import Settings
+from mtrl_rollout.settings import run_payload_prefix
 
 log = logging.getLogger("mtrl.controller")
 KEPT_LOG_LINES = 200  # of a failed trainer container's log, kept after its pods go
@@ -102,6 +103,13 @@ class RunActions:
                 await self._announce(body, names, action,
                                      [f"log group {names.log_group}"] if deleted else [])
             elif action == Act.DELETE_QUEUES:
+                # The payloads first: no message can point at one once the queues are gone,
+                # and a failure here leaves the queues, so DELETE_QUEUES comes again.
+                if spec is not None and (payloads := await self.aws.delete_payloads(
+                        payload_bucket(spec), run_payload_prefix(names.aws_prefix))):
+                    await self._announce(body, names, action, [
+                        f"{payloads} offloaded payloads under s3://{payload_bucket(spec)}/"
+                        f"{run_payload_prefix(names.aws_prefix)}/"])
                 count = await self.aws.delete_queues(names)
                 await self._announce(body, names, action, [f"{count} queues named "
                                                            f"{names.aws_prefix}-*"] if count else [])
