@@ -625,7 +625,8 @@ class Lifecycle(RuleBasedStateMachine):
             assert self.status.failed_attempts == 0
             if self.status.phase == Phase.FAILED:
                 reason = next(c.reason for c in self.status.conditions if c.type == "Failed")
-                assert reason == "WorkersUnavailable", reason
+                assert reason == "WorkersUnavailable" or (
+                    reason == "NothingTrained" and self.nothing_trained), reason
 
     def teardown(self) -> None:
         """Left alone (no more events, time moving on), the run settles: deleted runs are
