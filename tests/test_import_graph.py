@@ -3,7 +3,7 @@
 - Transport libraries (botocore, boto3, lightkube, prometheus_client) are used only by the
   operator's adapters and its metrics module; the controllers speak the operator's own
   types and errors.
-- Pure layers (reconcile/, builders/, naming, errors, settings, leader) import no adapter and
+- Pure layers (reconcile/, builders/, launchers/, naming, errors, settings, leader) import no adapter and
   no controller; adapters import no controller.
 - The data plane (trainer, worker, rollout) and the API package never import the operator.
 - The operator never imports the worker or the trainer (what it knows of environments is
@@ -54,7 +54,7 @@ def test_transport_libraries_stay_behind_the_adapters(path: Path) -> None:
 
 
 PURE = [p for p in _modules(OPERATOR) if p.relative_to(OPERATOR).parts[0] in
-        ("reconcile", "builders") or p.name in ("naming.py", "errors.py", "settings.py",
+        ("reconcile", "builders", "launchers") or p.name in ("naming.py", "errors.py", "settings.py",
                                                  "leader.py")]
 
 

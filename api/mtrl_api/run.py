@@ -200,11 +200,12 @@ class Toleration(ApiModel):
 # may not replace them, or its pods would talk to another run's queues. Other MTRL_* knobs of
 # the data plane (MTRL_DEVICE, MTRL_LEASE_S, ...) are the user's to set.
 OPERATOR_ENV = (
-    "AWS_REGION", "MTRL_ATTEMPT", "MTRL_CONCURRENCY", "MTRL_CONFIG", "MTRL_DLQ_URL",
+    "AWS_REGION", "MTRL_ATTEMPT", "MTRL_CLUSTER_ID", "MTRL_CONCURRENCY", "MTRL_CONFIG",
+    "MTRL_DLQ_URL",
     "MTRL_ENVIRONMENT", "MTRL_ENVIRONMENT_ARGS", "MTRL_EPISODE_TIMEOUT_S",
     "MTRL_GENERATE_QUEUE_URL", "MTRL_HEALTH_PORT", "MTRL_LAUNCH", "MTRL_MAX_TURNS",
-    "MTRL_NAMESPACE",
-    "MTRL_OPERATOR_ID", "MTRL_PAYLOAD_BUCKET", "MTRL_PROGRESS_CONFIGMAP", "MTRL_QUEUE_PREFIX",
+    "MTRL_NAMESPACE", "MTRL_OPERATOR_ID", "MTRL_PAYLOAD_BUCKET", "MTRL_PAYLOAD_PREFIX",
+    "MTRL_PROGRESS_CONFIGMAP", "MTRL_QUEUE_PREFIX",
     "MTRL_RESULT_QUEUE_URL", "MTRL_REWARD_WEIGHTS", "MTRL_ROLLOUT_QUEUE_URL", "MTRL_RUN_ID",
     "MTRL_RUN_NAME",
 )
@@ -1028,6 +1029,39 @@ class MultiTurnRLRunStatus(ApiModel):
     """What the trainer's GPUs have cost so far."""
 
 
+# What of spec.workers may change while workers may exist: what the operator reads from the
+# spec at every reconcile (plan_workers). Every other field shapes the running workers (their
+# task definition or Deployment, the cluster their tasks run in, how many were started): an
+# edit would be ignored, or leave the old tasks running unseen, so it waits for Suspended.
+WORKERS_EDITABLE_WHILE_RUNNING = ("min_replicas", "ready_timeout_seconds")
+
+
+def workers_may_exist(status: MultiTurnRLRunStatus) -> bool:
+    """From the run's first reconcile (startTime, written before anything is created) until
+    it is Suspended (its workers gone) or ends. The CEL rule below says the same of the stored
+    status; the lifecycle model check edits runs by it."""
+    return status.start_time is not None and status.phase != Phase.SUSPENDED
+
+
+def _workers_rule() -> dict[str, Any]:
+    may_exist = ("has(oldSelf.status) && has(oldSelf.status.startTime) && "
+                 "!(has(oldSelf.status.phase) && oldSelf.status.phase == 'Suspended')")
+    fixed = [field.alias or name for name, field in WorkersSpec.model_fields.items()
+             if name not in WORKERS_EDITABLE_WHILE_RUNNING]
+    # A field may be absent (no server-side default, e.g. env): absent on both sides is equal.
+    same = " && ".join(f"(has(self.spec.workers.{f}) ? has(oldSelf.spec.workers.{f}) && "
+                       f"self.spec.workers.{f} == oldSelf.spec.workers.{f} : "
+                       f"!has(oldSelf.spec.workers.{f}))" for f in fixed)
+    editable = " and ".join(WorkersSpec.model_fields[n].alias or n
+                            for n in WORKERS_EDITABLE_WHILE_RUNNING)
+    return rule(f"!({may_exist}) || (has(self.spec.workers) == has(oldSelf.spec.workers) && "
+                f"(!has(self.spec.workers) || ({same})))",
+                f"spec.workers is immutable while the run's workers may exist (from its start "
+                f"until it is Suspended), except {editable}: suspend the run to change them, "
+                "or create a new run", field_path=".spec.workers", reason="FieldValueForbidden",
+                transition=True)
+
+
 def _immutability_rules() -> dict[str, Any]:
     started = "has(oldSelf.status) && has(oldSelf.status.startTime)"
     return rules(*(
@@ -1035,7 +1069,7 @@ def _immutability_rules() -> dict[str, Any]:
              f"spec.{name} is immutable once the run has started; create a new run instead",
              field_path=f".spec.{name}", reason="FieldValueForbidden", transition=True)
         for name in _IMMUTABLE_AFTER_START
-    ))
+    ), _workers_rule())
 
 
 class MultiTurnRLRun(ApiModel):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Iterable
 from typing import Any, cast
 
@@ -15,7 +17,11 @@ from mtrl_operator.adapters.kube import Kube
 from mtrl_operator.adapters.trigger_aws import TriggerAws
 from mtrl_operator.controllers.run import Controller
 from mtrl_operator.controllers.trigger import TriggerController
+from mtrl_operator.errors import FatalConfig
 from mtrl_operator.settings import Settings
+
+log = logging.getLogger("mtrl.operator")
+FATAL_EXIT_CODE = 2  # as main's: a configuration that cannot work
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -59,12 +65,28 @@ def tune(settings: kopf.OperatorSettings) -> None:
     settings.persistence.diffbase_storage = NoDiffBase()
 
 
+async def identified(settings: Settings, kube: Kube) -> Settings:
+    """The settings with the cluster's identity: MTRL_CLUSTER_ID, else the kube-system
+    namespace's UID. An operator that cannot tell ends at once, with one line naming why."""
+    if settings.cluster_id:
+        return settings
+    try:
+        cluster_id = await kube.cluster_uid()
+    except FatalConfig as exc:
+        log.critical("%s", exc)
+        print(f"mtrl operator: {exc}", file=sys.stderr, flush=True)
+        os._exit(FATAL_EXIT_CODE)
+    log.info("cluster identity %s (the kube-system namespace's UID)", cluster_id)
+    return settings.model_copy(update={"cluster_id": cluster_id})
+
+
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    ours = STATE.settings
     tune(settings)
+    kube = Kube()
+    ours = STATE.settings = await identified(STATE.settings, kube)
     mutations.arm_failpoint(ours.crash_after_step or None)
-    controller = Controller(ours, Kube(), Aws(ours.region))
+    controller = Controller(ours, kube, Aws(ours.region))
     controller.start()
     STATE.controller = controller
     triggers = TriggerController(ours, controller.kube, TriggerAws(ours.region))

@@ -14,12 +14,16 @@ from typing import Any
 from mtrl_api import API_VERSION, GROUP
 from mtrl_rollout.queues import (  # the data plane tags alike
     MANAGED_BY,
+    TAG_CLUSTER_ID,
     TAG_COMPONENT,
     TAG_MANAGED_BY,
     TAG_NAME,
     TAG_NAMESPACE,
     TAG_OPERATOR_ID,
     resource_tags,
+)
+from mtrl_rollout.queues import (
+    TAG_RUN_UID as TAG_RUN_UID,  # re-exported: the runs' sweeper groups by it
 )
 
 QUEUE_PREFIX = "mtrl-"  # the operator's IAM policy scopes SQS actions to this prefix
@@ -55,6 +59,7 @@ class RunNames:
     name: str
     uid: str
     operator_id: str = "default"
+    cluster_id: str = ""  # the operator's cluster identity (Settings.cluster_id), tagged
 
     # -- Kubernetes objects (in the run's namespace)
 
@@ -126,7 +131,8 @@ class RunNames:
         return f"{self.uid}-p{placement}-b{batch}"[:64]
 
     def tags(self, component: str) -> dict[str, str]:
-        return resource_tags(self.uid, self.namespace, self.name, component, self.operator_id)
+        return resource_tags(self.uid, self.namespace, self.name, component, self.operator_id,
+                             self.cluster_id)
 
     def labels(self, component: str) -> dict[str, str]:
         """Labels on every Kubernetes object the operator creates. Deliberately without
@@ -174,6 +180,7 @@ class TriggerNames:
     name: str
     uid: str
     operator_id: str = "default"
+    cluster_id: str = ""
 
     @property
     def aws_prefix(self) -> str:
@@ -202,7 +209,7 @@ class TriggerNames:
         return f"{base}-{digest}"
 
     def tags(self, component: str, bucket: str) -> dict[str, str]:
-        return {
+        tags = {
             TAG_TRIGGER_UID: self.uid,
             TAG_NAMESPACE: self.namespace,
             TAG_NAME: self.name,
@@ -211,6 +218,9 @@ class TriggerNames:
             TAG_COMPONENT: component,
             TAG_SOURCE_BUCKET: bucket,
         }
+        if self.cluster_id:
+            tags[TAG_CLUSTER_ID] = self.cluster_id
+        return tags
 
     def run_labels(self) -> dict[str, str]:
         return {LABEL_TRIGGER: _dns_label(self.name, 63), LABEL_TRIGGER_UID: self.uid}

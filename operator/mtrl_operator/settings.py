@@ -20,6 +20,7 @@ from pydantic import AliasChoices, BeforeValidator, Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from mtrl_api.settings import InvalidSettings, MtrlSettings
+from mtrl_operator.reconcile.sweep import Owner
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -64,6 +65,11 @@ class Settings(MtrlSettings):
 
     operator_id: str = Field(default="default", description=(
         "written into every AWS tag; the sweeper only touches resources tagged with its own id"))
+    cluster_id: str = Field(default="", description=(
+        "this Kubernetes cluster's identity, written into every AWS tag beside the operator id; "
+        "the sweeper only touches resources tagged with both, so two clusters in one AWS "
+        "account never sweep each other's (default: the UID of the kube-system namespace, "
+        "read at start)"))
     namespaces: CommaSeparated = Field(default_factory=list, description=(
         "comma-separated namespaces to watch, globs allowed (team-*); empty: the whole cluster"))
     region: str = Field(default="us-west-2", description="region of queues and ECS tasks",
@@ -82,6 +88,9 @@ class Settings(MtrlSettings):
         "status.cost and spec.lifecycle.maxCostUSD"))
     sweep_interval_seconds: float = Field(default=300.0, description=(
         "orphan sweeper period; 0 turns it off"))
+    sweep_min_age_seconds: float = Field(default=600.0, ge=0, description=(
+        "the sweeper deletes an orphan only once it has seen it for this long (AWS's tagging "
+        "API tells no creation time), so nothing younger is ever swept"))
     resync_seconds: float = Field(default=30.0, description=(
         "how often a live run is looked at without any event (ECS has no watch)"))
     cost_refresh_seconds: float = Field(default=60.0, description=(
@@ -141,6 +150,11 @@ class Settings(MtrlSettings):
         if self.list_scopes == ["*"]:
             return True, []
         return False, list(self.namespaces)
+
+    @property
+    def owner(self) -> Owner:
+        """Who this operator's AWS resources belong to: what the sweeper matches."""
+        return Owner(self.operator_id, self.cluster_id)
 
     def watches(self, namespace: str) -> bool:
         """Whether runs and triggers in `namespace` are this operator's."""

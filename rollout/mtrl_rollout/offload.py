@@ -2,14 +2,16 @@
 
 The pointer is itself a protocol message (`kind: payload_pointer`) carrying bucket, key, size and
 sha256, so a reader verifies what it fetched. The consumer deletes the object after it deleted
-the SQS message; the bucket's lifecycle rule (set by the operator) is the backstop for readers
-that die in between.
+the SQS message. A run's payloads live under its own prefix (`run_payload_prefix`, which the
+operator hands to workers and trainer as MTRL_PAYLOAD_PREFIX), and the operator deletes that
+prefix when it tears the run down: what readers that died in between left goes with the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -25,9 +27,14 @@ from mtrl_rollout.protocol import (
     expect,
     parse_message,
 )
+from mtrl_rollout.settings import PAYLOAD_ROOT
 
 DEFAULT_THRESHOLD_BYTES = 240 * 1024  # leaves room for message attributes under SQS_MAX_BYTES
 _GONE = {"NoSuchKey", "NoSuchBucket", "404"}
+# S3 answers a missing key with 403, not 404, to a reader without s3:ListBucket on it.
+_DENIED = {"AccessDenied", "403"}
+
+log = logging.getLogger("mtrl.offload")
 
 
 class PayloadTooLarge(ValueError):
@@ -40,7 +47,7 @@ class Codec:
 
     s3: Any | None = None
     bucket: str | None = None
-    prefix: str = "mtrl-payloads"
+    prefix: str = PAYLOAD_ROOT
     threshold_bytes: int = DEFAULT_THRESHOLD_BYTES
 
     async def to_body(self, message: Message) -> str:
@@ -73,6 +80,16 @@ class Codec:
             data = await asyncio.to_thread(reply["Body"].read)
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
+            if code in _DENIED:
+                # Not transient, and not the message's fault: the reader's role is missing
+                # s3:GetObject, or s3:ListBucket without which a missing key answers 403 too.
+                # The message stays for SQS to deliver again (and to dead-letter).
+                log.error("reading payload s3://%s/%s was denied (%s): the reader's role needs "
+                          "s3:GetObject on the run's payload prefix, and s3:ListBucket on the "
+                          "bucket for that prefix so a missing payload answers 404 "
+                          "(docs/iam.md, worker and trainer policies)",
+                          message.bucket, message.key, code)
+                raise
             if code not in _GONE:
                 raise  # transient: the message becomes visible again and is retried
             raise ProtocolError(f"payload s3://{message.bucket}/{message.key}: {code}") from None

@@ -25,6 +25,7 @@ TAG_NAME = "mtrl.dev/name"
 TAG_MANAGED_BY = "mtrl.dev/managed-by"
 TAG_COMPONENT = "mtrl.dev/component"
 TAG_OPERATOR_ID = "mtrl.dev/operator-id"
+TAG_CLUSTER_ID = "mtrl.dev/cluster-id"
 MANAGED_BY = "mtrl-operator"
 COMPONENT_WORKER_REPLY = "worker-reply"
 
@@ -32,10 +33,12 @@ QUEUE_NAME_MAX = 80
 
 
 def resource_tags(run_uid: str, namespace: str, name: str, component: str,
-                  operator_id: str = "default") -> dict[str, str]:
+                  operator_id: str = "default", cluster_id: str = "") -> dict[str, str]:
     """Tags on everything made for a run; the operator's orphan sweeper finds them by
-    managed-by and operator-id, and groups them by run UID."""
-    return {
+    managed-by, operator-id and cluster-id (the Kubernetes cluster whose runs they serve: two
+    clusters in one AWS account never sweep each other's), and groups them by run UID. Without
+    a cluster id (a local run of the data plane) the tag is left out: no sweeper takes it."""
+    tags = {
         TAG_RUN_UID: run_uid,
         TAG_NAMESPACE: namespace,
         TAG_NAME: name,
@@ -43,6 +46,9 @@ def resource_tags(run_uid: str, namespace: str, name: str, component: str,
         TAG_OPERATOR_ID: operator_id,
         TAG_COMPONENT: component,
     }
+    if cluster_id:
+        tags[TAG_CLUSTER_ID] = cluster_id
+    return tags
 
 
 def queue_name(*parts: str) -> str:

@@ -122,6 +122,12 @@ class LocalCluster:
             raise CommandFailed(cmd, result)
         return result
 
+    def identity(self) -> str:
+        """The UID of the kube-system namespace: an operator's default cluster identity, in
+        the `mtrl.dev/cluster-id` tag of everything it makes in AWS."""
+        return self.kubectl("get", "namespace", "kube-system", "-o",
+                            "jsonpath={.metadata.uid}").stdout.strip()
+
     @contextlib.contextmanager
     def namespace(self, name: str) -> Iterator[str]:
         """A namespace for the duration of a `with` block (deleted without waiting)."""

@@ -21,6 +21,7 @@ TEST_DEFAULTS = {
     "MTRL_RESYNC_SECONDS": "3",
     "MTRL_COST_REFRESH_SECONDS": "3",
     "MTRL_SWEEP_INTERVAL_SECONDS": "3",
+    "MTRL_SWEEP_MIN_AGE_SECONDS": "0",  # orphans planted by tests go at the next sweep
     "MTRL_LOG_FORMAT": "json",
     "MTRL_LEASE_DURATION_SECONDS": "8",
     "MTRL_RENEW_DEADLINE_SECONDS": "6",

@@ -284,3 +284,32 @@ def test_training_spec_is_immutable_once_started(cluster: LocalCluster, namespac
     # Lifecycle stays editable: suspending a started run is the point of suspend.
     cluster.kubectl("patch", "mtrlrun", name, "-n", namespace, "--type=merge",
                     "-p", '{"spec":{"lifecycle":{"suspend":true}}}')
+
+
+def test_workers_are_immutable_while_they_may_exist(cluster: LocalCluster, namespace: str) -> None:
+    """spec.workers shapes the running workers: a new ECS cluster left the old tasks running
+    for as long as the run existed, and an image, env or cpu edit was ignored. From the run's
+    start until it is Suspended only minReplicas and readyTimeoutSeconds change (the operator
+    reads them at every reconcile); the rest waits for Suspended, where no worker is left."""
+    run = copy.deepcopy(BASE)
+    name = "immutable-workers"
+    run["metadata"]["name"] = name
+
+    def patch(body: dict[str, Any], status: bool = False) -> Any:
+        return cluster.kubectl("patch", "mtrlrun", name, "-n", namespace, "--type=merge",
+                               *(["--subresource=status"] if status else []),
+                               "-p", json.dumps(body), check=False)
+
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(run))
+    assert patch({"spec": {"workers": {"image": "worker:2"}}}).returncode == 0  # not started
+    assert patch({"status": {"startTime": "2026-01-01T00:00:00Z", "phase": "Running"}},
+                 status=True).returncode == 0
+    for edit in ({"image": "worker:3"}, {"backend": "ecs-fargate"}, {"cpu": 2048},
+                 {"maxReplicas": 3}, {"env": [{"name": "X", "value": "1"}]}):
+        out = patch({"spec": {"workers": edit}})
+        assert out.returncode != 0, edit
+        assert "spec.workers: Forbidden" in out.stderr and "Suspended" in out.stderr, out.stderr
+    assert patch({"spec": {"workers": {"minReplicas": 0, "readyTimeoutSeconds": 900}}}) \
+        .returncode == 0
+    assert patch({"status": {"phase": "Suspended"}}, status=True).returncode == 0
+    assert patch({"spec": {"workers": {"image": "worker:4", "maxReplicas": 3}}}).returncode == 0

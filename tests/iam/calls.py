@@ -12,6 +12,7 @@ a new kind of call fails the coverage test until it is mapped, instead of passin
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -92,7 +93,7 @@ class Mapper:
         if service == "tag":
             return [Permission(f"tag:{operation}", UNSCOPED, call=operation)]
         if "/s3/" in exchange.headers.get("authorization", ""):
-            return [self._s3(exchange)]
+            return self._s3(exchange)
         return [Permission(f"unmapped:{exchange.method} {exchange.path} {target}", UNSCOPED)]
 
     # ------------------------------------------------------------------ SQS
@@ -197,25 +198,29 @@ class Mapper:
 
     # ------------------------------------------------------------------ S3 (REST)
 
-    def _s3(self, exchange: Exchange) -> Permission:
+    def _s3(self, exchange: Exchange) -> list[Permission]:
         """Path-style requests only (what botocore sends to an IP endpoint)."""
         bucket, _, key = unquote(exchange.path).lstrip("/").partition("/")
         query = parse_qs(exchange.query, keep_blank_values=True)
         if not key and "notification" in query:  # a trigger's bucket notification configuration
             action = {"GET": "s3:GetBucketNotification",
                       "PUT": "s3:PutBucketNotification"}.get(exchange.method)
-            return Permission(action or f"unmapped:s3 {exchange.method} ?notification",
-                              f"arn:aws:s3:::{bucket}")
+            return [Permission(action or f"unmapped:s3 {exchange.method} ?notification",
+                               f"arn:aws:s3:::{bucket}")]
+        if not key and "delete" in query and exchange.method == "POST":
+            # DeleteObjects: S3 checks s3:DeleteObject on every key the body names.
+            keys = re.findall(r"<Key>(.*?)</Key>", exchange.body.decode())
+            return [Permission("s3:DeleteObject", f"arn:aws:s3:::{bucket}/{k}") for k in keys]
         if not key:
             action = {"GET": "s3:ListBucket", "HEAD": "s3:ListBucket"}.get(exchange.method, "")
             context = tuple(sorted({"s3:prefix": query.get("prefix", [""])[0]}.items()))
-            return Permission(action or f"unmapped:s3 {exchange.method} bucket",
-                              f"arn:aws:s3:::{bucket}", context)
+            return [Permission(action or f"unmapped:s3 {exchange.method} bucket",
+                               f"arn:aws:s3:::{bucket}", context)]
         action = {"GET": "s3:GetObject", "HEAD": "s3:GetObject", "PUT": "s3:PutObject",
                   "POST": "s3:PutObject", "DELETE": "s3:DeleteObject"}[exchange.method]
         if exchange.method == "DELETE" and "uploadId" in query:
             action = "s3:AbortMultipartUpload"
-        return Permission(action, f"arn:aws:s3:::{bucket}/{key}")
+        return [Permission(action, f"arn:aws:s3:::{bucket}/{key}")]
 
 
 def _pass_roles(roles: list[str], call: str) -> list[Permission]:

@@ -74,10 +74,12 @@ class Recording:
 # ---------------------------------------------------------------------- the lifecycle
 
 
-def _plant_orphans(operator_id: str, network: dict[str, str]) -> RunNames:
-    """A queue, a task definition and a task tagged by this operator for a run that does not
-    exist, made behind the operator's back: the sweeper has to delete them."""
-    names = RunNames("iam-gone", "orphan", str(uuid.uuid4()), operator_id)
+def _plant_orphans(operator_id: str, network: dict[str, str], namespace: str,
+                   cluster_id: str) -> RunNames:
+    """A queue, a task definition and a task tagged by this operator in this cluster for a
+    run in its namespace that does not exist, made behind the operator's back: the sweeper
+    has to delete them."""
+    names = RunNames(namespace, "orphan", str(uuid.uuid4()), operator_id, cluster_id)
     boto3.client("sqs").create_queue(QueueName=names.queue("dlq"), tags=names.tags("queue-dlq"))
     ecs = boto3.client("ecs")
     definition = ecs.register_task_definition(
@@ -135,7 +137,7 @@ def _trigger_lifecycle(cluster: LocalCluster, namespace: str, operator_id: str) 
     bucket = f"mtrl-iam-trg-{uuid.uuid4().hex[:8]}"
     boto3.client("s3").create_bucket(Bucket=bucket,
                                      CreateBucketConfiguration={"LocationConstraint": REGION})
-    ghost = TriggerNames("iam-gone", "ghost", str(uuid.uuid4()), operator_id)
+    ghost = TriggerNames(namespace, "ghost", str(uuid.uuid4()), operator_id, cluster.identity())
     boto3.client("sqs").create_queue(QueueName=ghost.queue,
                                      tags=ghost.tags("trigger-queue", bucket))
     apply(cluster, namespace, trigger_manifest("on-upload", bucket))
@@ -164,7 +166,7 @@ def recording(cluster: LocalCluster, moto_server: MotoServer,
             MTRL_OPERATOR_ID=operator_id, MTRL_ECS_CLUSTER=ECS_CLUSTER,
             MTRL_ECS_EXECUTION_ROLE_ARN=EXECUTION_ROLE, MTRL_SWEEP_INTERVAL_SECONDS="2")
         try:
-            orphans = _plant_orphans(operator_id, operator.env)
+            orphans = _plant_orphans(operator_id, operator.env, namespace, cluster.identity())
             _run_on_ecs(cluster, namespace, operator_id)
             kube_run = _run_on_kubernetes(cluster, namespace, operator_id, worker_proxy.endpoint)
             _trigger_lifecycle(cluster, namespace, operator_id)

@@ -224,7 +224,7 @@ def test_hyperpod_launcher_lifecycle(cluster: LocalCluster, operator: OperatorPr
     _set_conditions(cluster, resource, namespace, meta["name"], *running)
     wait_phase(cluster, namespace, "gpu", "Running")
     # A Failed from a fault the job recovered from stays in the list below the newer Running:
-    # the newest condition rules (observe.newest_true_condition).
+    # the newest condition rules (launchers/conditions.py: newest_true_condition).
     _set_history(cluster, resource, namespace, meta["name"],
                  [("Created", 0), ("Failed", 10), ("Running", 20)])
     time.sleep(2)  # nothing to wait for: a run that stays Running

@@ -298,20 +298,24 @@ def test_deeper_spec_errors_fail_the_run_not_the_operator(cluster: LocalCluster,
 def test_orphans_are_swept(cluster: LocalCluster, operator: OperatorProcess) -> None:
     from mtrl_operator.naming import RunNames
 
-    ghost = RunNames("gone", "ghost", "00000000-0000-4000-8000-00000000dead", "shared")
+    # In a namespace the shared operator watches (t-*), made by it in this cluster.
+    ghost = RunNames("t-gone", "ghost", "00000000-0000-4000-8000-00000000dead", "shared",
+                     cluster.identity())
     sqs = boto3.client("sqs")
     url = sqs.create_queue(QueueName=ghost.queue("rollout"),
                            tags=ghost.tags("queue-rollout"))["QueueUrl"]
     # A queue of another operator (different operator-id) is never touched.
-    other = RunNames("gone", "ghost", "00000000-0000-4000-8000-00000000beef", "someone-else")
+    other = RunNames("t-gone", "ghost", "00000000-0000-4000-8000-00000000beef", "someone-else",
+                     cluster.identity())
     other_url = sqs.create_queue(QueueName=other.queue("rollout"),
                                  tags=other.tags("queue-rollout"))["QueueUrl"]
     logs = boto3.client("logs")  # and the workers' log group of a run that is gone
     logs.create_log_group(logGroupName=ghost.log_group, tags=ghost.tags("logs"))
-    wait_for(lambda: url not in sqs.list_queues(QueueNamePrefix="mtrl-gone").get("QueueUrls", []),
+    wait_for(lambda: url not in sqs.list_queues(QueueNamePrefix="mtrl-t-gone").get("QueueUrls",
+                                                                                  []),
              30, "the orphaned queue to be swept")
     wait_for(lambda: not census.run_logs(ghost), 30, "the orphaned log group to be swept")
-    assert other_url in sqs.list_queues(QueueNamePrefix="mtrl-gone")["QueueUrls"]
+    assert other_url in sqs.list_queues(QueueNamePrefix="mtrl-t-gone")["QueueUrls"]
     sqs.delete_queue(QueueUrl=other_url)
 
 

@@ -336,12 +336,14 @@ def test_a_queue_given_by_the_user_is_consumed_and_kept(
     assert notification_ids(bucket) == {"mine"}
 
 
-def test_orphaned_trigger_queues_are_swept(operator: OperatorProcess) -> None:
+def test_orphaned_trigger_queues_are_swept(cluster: LocalCluster,
+                                           operator: OperatorProcess) -> None:
     bucket = new_bucket()
     theirs = _foreign_configuration(bucket)
     sqs, s3 = boto3.client("sqs"), boto3.client("s3")
-    ghost = TriggerNames("gone", "ghost", str(uuid.uuid4()), "shared")
-    stranger = TriggerNames("gone", "ghost", str(uuid.uuid4()), "someone-else")
+    ghost = TriggerNames("t-gone", "ghost", str(uuid.uuid4()), "shared", cluster.identity())
+    stranger = TriggerNames("t-gone", "ghost", str(uuid.uuid4()), "someone-else",
+                            cluster.identity())
     # Untagged until the bucket points at the ghost, so the sweeper cannot take the queues
     # before the notification entry it must also remove is there.
     urls = {queue: sqs.create_queue(QueueName=queue)["QueueUrl"]

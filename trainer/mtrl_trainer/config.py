@@ -18,7 +18,7 @@ from pydantic_settings import NoDecode
 
 from mtrl_api.run import MultiTurnRLRunSpec
 from mtrl_api.settings import InvalidSettings
-from mtrl_rollout.settings import DataPlaneSettings
+from mtrl_rollout.settings import PAYLOAD_ROOT, DataPlaneSettings
 
 DEFAULT_CONFIG_PATH = "/etc/mtrl/run.json"
 DEFAULT_COLLECT_GRACE_S = 30.0
@@ -88,6 +88,7 @@ class TrainerConfig:
     attempt: str  # unique per process start; keeps sample ids of attempts apart
     operator_attempt: int | None = None  # the operator's attempt number (MTRL_ATTEMPT)
     operator_launch: int | None = None  # the operator's launch number (MTRL_LAUNCH)
+    payload_prefix: str = PAYLOAD_ROOT  # MTRL_PAYLOAD_PREFIX: the run's own, from the operator
 
     @property
     def output_uri(self) -> str:

@@ -306,7 +306,7 @@ class Run:
         grpo = spec.grpo
         sqs = Sqs()
         codec = Codec(s3=s3.client() if config.payload_bucket else None,
-                      bucket=config.payload_bucket)
+                      bucket=config.payload_bucket, prefix=config.payload_prefix)
         outbox = Outbox(sqs)
         collector = ResultCollector(sqs, config.result_queue_url, config.dlq_url, codec=codec)
         service = self.service

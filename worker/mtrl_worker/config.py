@@ -29,6 +29,9 @@ class WorkerConfig(DataPlaneSettings):
     run_name: str = Field(default="", description="Name of the run (tags).")
     namespace: str = Field(default="", description="Namespace of the run (tags).")
     operator_id: str = Field(default="default", description="Operator that owns the run (tags).")
+    cluster_id: str = Field(default="", description=(
+        "Cluster of the operator that owns the run (tags; none: no sweeper takes the reply "
+        "queue)."))
     offload_threshold_bytes: int = Field(
         default=DEFAULT_THRESHOLD_BYTES,
         gt=0,

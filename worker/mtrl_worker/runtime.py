@@ -97,10 +97,11 @@ class Worker:
         c = self.config
         self._sqs = Sqs(pool_size=c.sqs_pool_size)
         s3 = aws_client("s3", 8) if c.payload_bucket else None
-        self._codec = Codec(s3, c.payload_bucket, threshold_bytes=c.offload_threshold_bytes)
+        self._codec = Codec(s3, c.payload_bucket, prefix=c.payload_prefix,
+                            threshold_bytes=c.offload_threshold_bytes)
         self._outbox = Outbox(self._sqs)
         tags = resource_tags(c.run_id, c.namespace, c.run_name, COMPONENT_WORKER_REPLY,
-                             c.operator_id)
+                             c.operator_id, c.cluster_id)
         reply_name = reply_queue_name(c.reply_queue_prefix, c.worker_id)
         reply_url = await asyncio.to_thread(
             create_queue, self._sqs.client, reply_name, tags, REPLY_QUEUE_ATTRIBUTES

@@ -8,9 +8,9 @@ second. (moto ignores ECS client tokens; real ECS honours them as a second line 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 
 import boto3
@@ -24,7 +24,8 @@ from mtrl_operator.errors import SPEC_ERROR_CODES, SpecError
 from mtrl_operator.naming import QUEUE_ROLES, RunNames
 from mtrl_operator.reconcile.draft import OPERATOR_STOP_REASON, EcsTask, Placement
 from mtrl_operator.reconcile.preflight import Found
-from mtrl_rollout.queues import MANAGED_BY, TAG_MANAGED_BY, TAG_OPERATOR_ID, TAG_RUN_UID
+from mtrl_operator.reconcile.sweep import Owner, Tagged
+from mtrl_rollout.queues import MANAGED_BY, TAG_CLUSTER_ID, TAG_MANAGED_BY, TAG_OPERATOR_ID
 
 log = logging.getLogger("mtrl.aws")
 
@@ -76,23 +77,44 @@ async def call(client: Any, op: str, **kwargs: Any) -> dict[str, Any]:
         raise
 
 
-async def tagged_resources(tagging: Any, operator_id: str,
-                           types: list[str]) -> AsyncIterator[tuple[str, dict[str, str]]]:
-    """(ARN, tags) of every resource of `types` this operator tagged, page by page."""
-    token = ""
+def all_pages(fetch: Callable[..., dict[str, Any]], key: str, token_in: str, token_out: str,
+              ) -> list[Any]:
+    """Every item of a paginated AWS list call, following its token to the last page. ECS
+    lists at most 100 tasks or task definitions a page, SQS 1000 queues, CloudWatch Logs 50
+    groups: a single call sees only the first page. `fetch` takes the token as a keyword."""
+    items: list[Any] = []
+    token: str | None = None
     while True:
-        kwargs: dict[str, Any] = {
-            "TagFilters": [{"Key": TAG_MANAGED_BY, "Values": [MANAGED_BY]},
-                           {"Key": TAG_OPERATOR_ID, "Values": [operator_id]}],
-            "ResourceTypeFilters": types, "ResourcesPerPage": 100}
-        if token:
-            kwargs["PaginationToken"] = token
-        resp = await call(tagging, "get_resources", **kwargs)
-        for item in resp.get("ResourceTagMappingList", []):
-            yield item["ResourceARN"], {t["Key"]: t["Value"] for t in item.get("Tags", [])}
-        token = resp.get("PaginationToken", "")
+        page = fetch(**({token_in: token} if token else {}))
+        items += page.get(key) or []
+        token = page.get(token_out)
         if not token:
-            return
+            return items
+
+
+async def paged(client: Any, op: str, key: str, token_in: str = "nextToken",
+                token_out: str = "nextToken", **kwargs: Any) -> list[Any]:
+    """`all_pages` of one boto3 call, in a thread; an error is counted as `call` counts it."""
+    try:
+        return await asyncio.to_thread(all_pages, functools.partial(getattr(client, op), **kwargs),
+                                       key, token_in, token_out)
+    except ClientError as exc:
+        metrics.CLOUD_ERRORS.labels(operation=op,
+                                    code=exc.response.get("Error", {}).get("Code", "?")).inc()
+        raise
+
+
+async def tagged_resources(tagging: Any, owner: Owner, types: list[str]) -> list[Tagged]:
+    """(ARN, tags) of every resource of `types` tagged with this operator's id and cluster, all
+    pages. The tagging API filters; `reconcile.sweep` checks the tags again."""
+    found = await paged(tagging, "get_resources", "ResourceTagMappingList",
+                        token_in="PaginationToken", token_out="PaginationToken",
+                        TagFilters=[{"Key": TAG_MANAGED_BY, "Values": [MANAGED_BY]},
+                                    {"Key": TAG_OPERATOR_ID, "Values": [owner.operator_id]},
+                                    {"Key": TAG_CLUSTER_ID, "Values": [owner.cluster_id]}],
+                        ResourceTypeFilters=types, ResourcesPerPage=100)
+    return [(item["ResourceARN"], {t["Key"]: t["Value"] for t in item.get("Tags", [])})
+            for item in found]
 
 
 class Aws:
@@ -105,14 +127,28 @@ class Aws:
         self.s3 = client(session, "s3")
         self.logs = client(session, "logs")
 
+    def _spec_error(self, op: str, exc: ClientError) -> SpecError | None:
+        code = exc.response["Error"].get("Code", "?")
+        if code in SPEC_ERROR_CODES:
+            return SpecError(code, f"{op} in {self.region}: "
+                                   f"{exc.response['Error'].get('Message', code)}")
+        return None
+
     async def _call(self, client: Any, op: str, **kwargs: Any) -> dict[str, Any]:
         try:
             return await call(client, op, **kwargs)
         except ClientError as exc:
-            code = exc.response["Error"].get("Code", "?")
-            if code in SPEC_ERROR_CODES:
-                raise SpecError(code, f"{op} in {self.region}: "
-                                      f"{exc.response['Error'].get('Message', code)}") from exc
+            if (error := self._spec_error(op, exc)) is not None:
+                raise error from exc
+            raise
+
+    async def _paged(self, client: Any, op: str, key: str, **kwargs: Any) -> list[Any]:
+        """Every page of a list call (`paged`), with `_call`'s errors."""
+        try:
+            return await paged(client, op, key, **kwargs)
+        except ClientError as exc:
+            if (error := self._spec_error(op, exc)) is not None:
+                raise error from exc
             raise
 
     # ------------------------------------------------------------------ preflight
@@ -167,8 +203,9 @@ class Aws:
                          retentionInDays=retention_days)
 
     async def log_group_exists(self, name: str) -> bool:
-        resp = await self._call(self.logs, "describe_log_groups", logGroupNamePrefix=name)
-        return any(g["logGroupName"] == name for g in resp.get("logGroups", []))
+        groups = await self._paged(self.logs, "describe_log_groups", "logGroups",
+                                   logGroupNamePrefix=name)
+        return any(g["logGroupName"] == name for g in groups)
 
     async def delete_log_group(self, name: str) -> bool:
         try:
@@ -184,14 +221,19 @@ class Aws:
 
     async def queues(self, names: RunNames) -> dict[str, str]:
         """role -> URL of the run's queues that exist (reply queues of workers excluded)."""
-        resp = await self._call(self.sqs, "list_queues", QueueNamePrefix=names.aws_prefix,
-                                MaxResults=1000)
         out = {}
-        for url in resp.get("QueueUrls", []):
+        for url in await self._queue_urls(names):
             role = _queue_role(names, url)
             if role:
                 out[role] = url
         return out
+
+    async def _queue_urls(self, names: RunNames) -> list[str]:
+        """Every queue under the run's prefix: its four, and one reply queue per worker (up to
+        1000 workers, so more than one page of ListQueues)."""
+        return await self._paged(self.sqs, "list_queues", "QueueUrls", token_in="NextToken",
+                                 token_out="NextToken", QueueNamePrefix=names.aws_prefix,
+                                 MaxResults=1000)
 
     async def _create_queue(self, req: QueueRequest) -> str:
         resp = await self._call(self.sqs, "create_queue", QueueName=req.name,
@@ -222,9 +264,7 @@ class Aws:
 
     async def delete_queues(self, names: RunNames) -> int:
         """Delete every queue under the run's prefix, workers' reply queues included."""
-        resp = await self._call(self.sqs, "list_queues", QueueNamePrefix=names.aws_prefix,
-                                MaxResults=1000)
-        urls = resp.get("QueueUrls", [])
+        urls = await self._queue_urls(names)
         for url in urls:
             await self._delete_queue(url)
         return len(urls)
@@ -237,12 +277,43 @@ class Aws:
                 raise
         metrics.RESOURCES_DELETED.labels(kind="queue").inc()
 
+    # ------------------------------------------------------------------ payloads
+
+    async def delete_payloads(self, bucket: str, prefix: str) -> int:
+        """Delete every object under the run's payload prefix (what readers that died before
+        their delete left): ListObjectsV2 page by page, DeleteObjects 1000 keys a call. A
+        bucket that is gone holds nothing; a denied listing (a policy without
+        `DeleteRunPayloads`) is logged and leaves them, so teardown never hangs on it."""
+        try:
+            objects = await self._paged(self.s3, "list_objects_v2", "Contents",
+                                        token_in="ContinuationToken",
+                                        token_out="NextContinuationToken",
+                                        Bucket=bucket, Prefix=f"{prefix}/")
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code == "NoSuchBucket":
+                return 0
+            if code in ("AccessDenied", "AllAccessDisabled"):
+                log.warning("cannot list s3://%s/%s/ to delete the run's payloads (%s): the "
+                            "operator's role needs the DeleteRunPayloads statement "
+                            "(docs/iam.md); they stay until the bucket's lifecycle rule "
+                            "removes them", bucket, prefix, code)
+                return 0
+            raise
+        keys = [o["Key"] for o in objects]
+        for i in range(0, len(keys), 1000):
+            await self._call(self.s3, "delete_objects", Bucket=bucket, Delete={
+                "Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
+        if keys:
+            metrics.RESOURCES_DELETED.labels(kind="payload").inc(len(keys))
+        return len(keys)
+
     # ------------------------------------------------------------------ ECS
 
     async def active_task_definitions(self, names: RunNames) -> list[str]:
-        resp = await self._call(self.ecs, "list_task_definitions", familyPrefix=names.task_family,
-                                status="ACTIVE", sort="DESC")
-        return [arn for arn in resp.get("taskDefinitionArns", [])
+        arns = await self._paged(self.ecs, "list_task_definitions", "taskDefinitionArns",
+                                 familyPrefix=names.task_family, status="ACTIVE", sort="DESC")
+        return [arn for arn in arns
                 if arn.rsplit("/", 1)[-1].rsplit(":", 1)[0] == names.task_family]
 
     async def ensure_task_definition(self, names: RunNames, body: dict[str, Any],
@@ -273,13 +344,12 @@ class Aws:
         arns: list[str] = []
         for status in desired:
             try:
-                resp = await self._call(self.ecs, "list_tasks", cluster=cluster,
-                                        startedBy=names.started_by, desiredStatus=status)
+                arns += await self._paged(self.ecs, "list_tasks", "taskArns", cluster=cluster,
+                                          startedBy=names.started_by, desiredStatus=status)
             except SpecError as exc:
                 if exc.reason == "ClusterNotFoundException":  # no cluster, no tasks
                     return []
                 raise
-            arns += resp.get("taskArns", [])
         if not arns:
             return []
         tasks = []
@@ -336,18 +406,12 @@ class Aws:
 
     # ------------------------------------------------------------------ sweeping
 
-    async def tagged(self, operator_id: str) -> dict[str, list[str]]:
-        """run UID -> ARNs of resources this operator tagged (queues, tasks, definitions)."""
-        by_run: dict[str, list[str]] = defaultdict(list)
-        async for arn, tags in tagged_resources(self.tagging, operator_id,
-                                                # The whole service: log groups are all
-                                                # the operator makes there (moto names the
-                                                # type logs:loggroup, AWS logs:log-group).
-                                                ["sqs", "ecs:task", "ecs:task-definition",
-                                                 "logs"]):
-            if TAG_RUN_UID in tags:
-                by_run[tags[TAG_RUN_UID]].append(arn)
-        return dict(by_run)
+    async def tagged(self, owner: Owner) -> list[Tagged]:
+        """(ARN, tags) of the resources this operator tagged: queues, tasks, task definitions
+        and log groups (the whole logs service: log groups are all the operator makes there,
+        and moto names the type logs:loggroup where AWS says logs:log-group)."""
+        return await tagged_resources(self.tagging, owner,
+                                      ["sqs", "ecs:task", "ecs:task-definition", "logs"])
 
     async def delete_by_arn(self, arn: str, cluster: str) -> bool:
         """Delete one swept resource, whatever its kind; False when it was already gone.

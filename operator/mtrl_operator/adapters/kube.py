@@ -18,7 +18,7 @@ from lightkube.core.exceptions import ConfigError as KubeConfigError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.batch_v1 import Job
-from lightkube.resources.core_v1 import ConfigMap, Node, Pod, Service
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Pod, Service
 from lightkube.resources.core_v1 import Event as CoreEvent
 from lightkube.types import CascadeType, PatchType
 
@@ -251,6 +251,21 @@ class Kube:
                 if _status_code(exc) != 404:
                     raise
         return found
+
+    async def cluster_uid(self) -> str:
+        """The UID of the kube-system namespace: the usual identity of a cluster (it lives as
+        long as the cluster, and no two clusters share it). FatalConfig when it cannot be
+        read: without an identity the sweeper could not tell this cluster's resources from
+        another's."""
+        try:
+            obj = await self.client.get(Namespace, "kube-system")
+        except (ApiError, httpx.HTTPStatusError) as exc:
+            raise FatalConfig(
+                f"cannot read the kube-system namespace for the cluster's identity "
+                f"({_status_code(exc)}: {_message(exc)}); grant get on it (the chart does) "
+                "or set MTRL_CLUSTER_ID") from exc
+        assert obj.metadata is not None and obj.metadata.uid
+        return str(obj.metadata.uid)
 
     async def uids(self, kind: str, scopes: list[str]) -> set[str]:
         """UIDs of every object of `kind` that exists now in `scopes` (namespaces, or "*"):

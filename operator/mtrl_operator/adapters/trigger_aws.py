@@ -24,7 +24,8 @@ from mtrl_operator.adapters.aws import QUEUE_GONE, call, client, tagged_resource
 from mtrl_operator.builders import triggers as build
 from mtrl_operator.builders.queues import QueueRequest
 from mtrl_operator.errors import CloudError
-from mtrl_operator.naming import TAG_SOURCE_BUCKET, TAG_TRIGGER_UID, TriggerNames
+from mtrl_operator.naming import TriggerNames
+from mtrl_operator.reconcile.sweep import Owner, Tagged
 from mtrl_operator.reconcile.trigger import QueueState
 from mtrl_rollout.sqs import Outgoing, Received, Sqs
 
@@ -204,13 +205,10 @@ class TriggerAws:
     # ------------------------------------------------------------------ sweeping
 
     @_cloud_errors
-    async def tagged_queues(self, operator_id: str) -> dict[str, list[tuple[str, str]]]:
-        """trigger UID -> [(queue ARN, bucket)] of the queues this operator made for triggers."""
-        by_trigger: dict[str, list[tuple[str, str]]] = defaultdict(list)
-        async for arn, tags in tagged_resources(self.tagging, operator_id, ["sqs"]):
-            if TAG_TRIGGER_UID in tags:
-                by_trigger[tags[TAG_TRIGGER_UID]].append((arn, tags.get(TAG_SOURCE_BUCKET, "")))
-        return dict(by_trigger)
+    async def tagged_queues(self, owner: Owner) -> list[Tagged]:
+        """(ARN, tags) of the queues this operator tagged (the triggers' carry the trigger's
+        UID and the bucket whose notifications feed them)."""
+        return await tagged_resources(self.tagging, owner, ["sqs"])
 
     @_cloud_errors
     async def delete_queue_by_arn(self, arn: str) -> bool:

@@ -8,10 +8,16 @@ from urllib.parse import urlparse
 
 from mtrl_api.run import MultiTurnRLRunSpec
 from mtrl_operator.naming import RunNames
+from mtrl_rollout.settings import run_payload_prefix
 
 CONFIG_DIR = "/etc/mtrl"
 CONFIG_FILE = "run.json"
 HEALTH_PORT = 8080
+
+
+def payload_bucket(spec: MultiTurnRLRunSpec) -> str:
+    """Where the run's workers and trainer offload large messages: its output bucket."""
+    return urlparse(spec.output.s3_uri).netloc
 
 
 def data_plane_env(names: RunNames, spec: MultiTurnRLRunSpec, queue_urls: dict[str, str],
@@ -25,9 +31,11 @@ def data_plane_env(names: RunNames, spec: MultiTurnRLRunSpec, queue_urls: dict[s
         "MTRL_RESULT_QUEUE_URL": queue_urls["result"],
         "MTRL_GENERATE_QUEUE_URL": queue_urls["generate"],
         "MTRL_DLQ_URL": queue_urls["dlq"],
-        "MTRL_PAYLOAD_BUCKET": urlparse(spec.output.s3_uri).netloc,
+        "MTRL_PAYLOAD_BUCKET": payload_bucket(spec),
         "MTRL_QUEUE_PREFIX": names.aws_prefix,
         "MTRL_OPERATOR_ID": names.operator_id,
+        "MTRL_CLUSTER_ID": names.cluster_id,
+        "MTRL_PAYLOAD_PREFIX": run_payload_prefix(names.aws_prefix),
         "AWS_REGION": region,
     }
 

@@ -1,5 +1,6 @@
-"""The GPU trainer: its configuration, progress channel and workload (Job, PyTorchJob or
-HyperPodPyTorchJob) with HyperPod placement."""
+"""The GPU trainer: its configuration, progress channel, and the pods of its workload with
+HyperPod placement. The workload itself (Job, PyTorchJob or HyperPodPyTorchJob) is its
+launcher's (`mtrl_operator.launchers`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from mtrl_operator.naming import (
     TRAINER_LOG_KEY,
     RunNames,
 )
-from mtrl_operator.reconcile.retries import RetryOwner, retry_owner
 
 RENDEZVOUS_PORT = 29500
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -25,8 +25,6 @@ DEEP_HEALTH_LABEL = "sagemaker.amazonaws.com/deep-health-check-status"
 INSTANCE_GROUP_TYPE_LABEL = "sagemaker.amazonaws.com/instance-group-type"
 RESTRICTED_TOLERATION = {"key": "sagemaker.amazonaws.com/RestrictedNode", "operator": "Equal",
                          "value": "Worker", "effect": "NoSchedule"}
-AUTO_RESUME = "sagemaker.amazonaws.com/enable-job-auto-resume"
-AUTO_RESUME_RETRIES = "sagemaker.amazonaws.com/job-max-retry-count"
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY = "kueue.x-k8s.io/priority-class"
 KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
@@ -170,7 +168,7 @@ def _kueue_labels(spec: MultiTurnRLRunSpec) -> dict[str, str]:
     return labels
 
 
-def _topology(spec: MultiTurnRLRunSpec) -> dict[str, str]:
+def topology(spec: MultiTurnRLRunSpec) -> dict[str, str]:
     """Kueue topology-aware scheduling reads these from the pod template; the HyperPod CLI
     writes them on the job as well."""
     out = {}
@@ -242,12 +240,12 @@ def pod_template(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str],
     if trainer.launcher == LauncherKind.HYPERPOD_PYTORCH_JOB:
         labels |= _kueue_labels(spec)  # as the HyperPod CLI's template does
     metadata: dict[str, Any] = {"labels": labels}
-    if topology := _topology(spec):
-        metadata["annotations"] = topology
+    if annotations := topology(spec):
+        metadata["annotations"] = annotations
     return {"metadata": metadata, "spec": pod_spec}
 
 
-def _workload_meta(names: RunNames, spec: MultiTurnRLRunSpec, attempt: int,
+def workload_meta(names: RunNames, spec: MultiTurnRLRunSpec, attempt: int,
                    owner: dict[str, Any], annotations: dict[str, str] | None = None) -> dict[str, Any]:
     labels = {**names.labels("trainer"), LABEL_ATTEMPT: str(attempt), **_kueue_labels(spec)}
     meta: dict[str, Any] = {"name": names.trainer(attempt), "namespace": names.namespace,
@@ -255,106 +253,3 @@ def _workload_meta(names: RunNames, spec: MultiTurnRLRunSpec, attempt: int,
     if annotations:
         meta["annotations"] = annotations
     return meta
-
-
-def workload(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str], attempt: int,
-             owner: dict[str, Any]) -> list[dict[str, Any]]:
-    """The trainer objects of one attempt, in creation order."""
-    name = names.trainer(attempt)
-    kind = spec.trainer.launcher
-    if kind == LauncherKind.JOB:
-        rendezvous = f"{name}-0.{name}:{RENDEZVOUS_PORT}"
-        template = pod_template(names, spec, env, attempt, rendezvous)
-        template["spec"]["subdomain"] = name  # pod DNS <job>-<index>.<service>
-        return [
-            {"apiVersion": "v1", "kind": "Service",
-             "metadata": {**_workload_meta(names, spec, attempt, owner)},
-             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                      "selector": {"batch.kubernetes.io/job-name": name},
-                      "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT}]}},
-            {"apiVersion": "batch/v1", "kind": "Job",
-             "metadata": _workload_meta(names, spec, attempt, owner),
-             "spec": {
-                 "completionMode": "Indexed",
-                 "completions": spec.trainer.nodes,
-                 "parallelism": spec.trainer.nodes,
-                 "backoffLimit": 0,  # a failed attempt is retried by the operator, from a checkpoint
-                 # A pod evicted, preempted or on a drained node (the API server marks it
-                 # DisruptionTarget) is replaced by the Job without counting a failure: its
-                 # trainer saved a checkpoint on SIGTERM and the next pod resumes from it
-                 # (kubernetes.io/docs/concepts/workloads/controllers/job/#pod-failure-policy).
-                 "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [
-                     {"type": "DisruptionTarget", "status": "True"}]}]},
-                 "suspend": bool(spec.scheduling.queue_name),  # Kueue admits it
-                 "template": template,
-             }},
-        ]
-    if kind == LauncherKind.PYTORCH_JOB:
-        return [_pytorch_job(names, spec, env, attempt, owner)]
-    retries, hang = spec.trainer.auto_resume_max_retries, spec.trainer.hang_timeout_seconds
-    # restartPolicy Never: a pod whose agent exited is the HyperPod operator's to replace; the
-    # kubelet restarting a finished trainer would train again.
-    template = pod_template(names, spec, env, attempt)
-    return [{
-        "apiVersion": "sagemaker.amazonaws.com/v1", "kind": "HyperPodPyTorchJob",
-        "metadata": _workload_meta(names, spec, attempt, owner, _topology(spec)),
-        "spec": {
-            "nprocPerNode": str(max(spec.trainer.gpus_per_node, 1)),
-            "runPolicy": {
-                "cleanPodPolicy": "All",
-                "ttlSecondsAfterFinished": HYPERPOD_TTL_SECONDS,
-                # HyperPod owns retries for this launcher (mtrl_operator.reconcile.retries): process
-                # restarts, then full job restarts, all within the one budget.
-                "jobMaxRetryCount": retries,
-                "restartPolicy": {"numRestartBeforeFullJobRestart": retries,
-                                  "maxFullJobRestarts": retries,
-                                  "evalPeriodSeconds": RESTART_EVAL_PERIOD_SECONDS},
-                "logMonitoringConfiguration": [{
-                    "name": "TrainerStep", "logPattern": STEP_LOG_PATTERN,
-                    "expectedStartCutOffInSeconds": hang,
-                    "expectedRecurringFrequencyInSeconds": hang}],
-            },
-            "replicaSpecs": [{"name": "trainer", "replicas": spec.trainer.nodes,
-                              "template": template}],
-        },
-    }]
-
-
-def _pytorch_job(names: RunNames, spec: MultiTurnRLRunSpec, env: dict[str, str], attempt: int,
-                 owner: dict[str, Any]) -> dict[str, Any]:
-    """Under HyperPod auto-resume (namespace kubeflow or hyperpod*), HyperPod owns retries: AWS
-    requires restartPolicy OnFailure for it, and backoffLimit 0 makes the first container
-    restart a job failure for auto-resume to handle, not a retry of its own. Elsewhere the
-    operator owns them: no container restarts, no auto-resume annotations, and no backoffLimit.
-
-    What Kubeflow's training operator (v1.9.3, pkg/controller.v1/common/job.go) does with a
-    failed job decides whether its words survive: with a backoffLimit, the first failed pod
-    "exceeds" it and every pod is deleted before the job is marked Failed, whatever
-    cleanPodPolicy says; without one, a replica that fails under restartPolicy Never fails the
-    job, and the clean-up that follows honours cleanPodPolicy. `Running` deletes the pods that
-    still run (a multi-node job's surviving workers hold GPUs) and keeps the finished ones, with
-    their exit codes and termination messages, until the operator deletes the job.
-
-    restartPolicy is set on each replica, which the controller copies into its pods; setting it
-    in the template too earns a `SetPodTemplateRestartPolicy` warning on every job."""
-    resumed = retry_owner(spec.trainer, names.namespace) == \
-        RetryOwner.HYPERPOD_AUTO_RESUME
-    policy = "OnFailure" if resumed else "Never"
-    template = pod_template(names, spec, env, attempt, container_name="pytorch",
-                            restart_policy=None)
-    replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": policy,
-                                           "template": template}}
-    if spec.trainer.nodes > 1:
-        replicas["Worker"] = {"replicas": spec.trainer.nodes - 1, "restartPolicy": policy,
-                              "template": template}
-    annotations = {AUTO_RESUME: "true",
-                   AUTO_RESUME_RETRIES: str(spec.trainer.auto_resume_max_retries)}
-    run_policy: dict[str, Any] = ({"cleanPodPolicy": "All", "backoffLimit": 0} if resumed
-                                  else {"cleanPodPolicy": "Running"})
-    return {
-        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-        "metadata": _workload_meta(names, spec, attempt, owner, annotations if resumed else None),
-        "spec": {"pytorchReplicaSpecs": replicas,
-                 "nprocPerNode": str(max(spec.trainer.gpus_per_node, 1)),
-                 "runPolicy": run_policy},
-    }

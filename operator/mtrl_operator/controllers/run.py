@@ -26,7 +26,7 @@ from mtrl_api.run import (
     ResourceRefs,
     WorkerBackend,
 )
-from mtrl_operator import metrics
+from mtrl_operator import launchers, metrics
 from mtrl_operator.adapters.aws import Aws
 from mtrl_operator.adapters.kube import Kube
 from mtrl_operator.builders.workers import LOG_STREAM_PREFIX
@@ -36,7 +36,13 @@ from mtrl_operator.controllers.preflight import due as preflight_due
 from mtrl_operator.controllers.preflight import preflight
 from mtrl_operator.controllers.run_actions import RunActions
 from mtrl_operator.errors import SpecError, StaleCopy
-from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE, FINALIZER, LABEL_ATTEMPT, RunNames
+from mtrl_operator.naming import (
+    ANNOTATION_FORCE_RELEASE,
+    FINALIZER,
+    LABEL_ATTEMPT,
+    TAG_RUN_UID,
+    RunNames,
+)
 from mtrl_operator.reconcile import lookups
 from mtrl_operator.reconcile.cost import refresh_due, steady
 from mtrl_operator.reconcile.draft import (
@@ -53,11 +59,11 @@ from mtrl_operator.reconcile.readings import (
     queue_hold,
     spec_problem,
     trainer_report,
-    trainer_state,
     with_cause,
     with_pods,
 )
 from mtrl_operator.reconcile.run import decide, is_news, stalled
+from mtrl_operator.reconcile.sweep import plan_sweep
 from mtrl_operator.reconcile.workers import newest_stopped, pod_problem, stopped_task_problem
 from mtrl_operator.settings import Settings
 from mtrl_operator.workqueue import WorkQueue, every
@@ -143,6 +149,7 @@ class Controller:
         # Each run's queues as last listed (monotonic time, role -> URL), by UID: SQS has no
         # watch, and ListQueues by prefix is the dearest read (lookups.queues_listed_again).
         self.queue_urls: dict[str, tuple[float, dict[str, str]]] = {}
+        self.orphans_seen: dict[str, float] = {}  # ARN -> first sighting as an orphan
         self.queue: WorkQueue[Key] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -258,7 +265,8 @@ class Controller:
 
     def _names(self, body: dict[str, Any]) -> RunNames:
         meta = body["metadata"]
-        return RunNames(meta["namespace"], meta["name"], meta["uid"], self.settings.operator_id)
+        return RunNames(meta["namespace"], meta["name"], meta["uid"], self.settings.operator_id,
+                        self.settings.cluster_id)
 
     async def _reconcile(self, body: dict[str, Any]) -> float | None:
         meta = body["metadata"]
@@ -470,7 +478,7 @@ class Controller:
             left: tuple[str | None, str | None] = next(iter(workloads), (None, None))
             return TrainerSeen(None, workloads, progress, *left)
         (kind, name), obj = found
-        current = trainer_state(kind, obj, status.attempts)
+        current = launchers.observe(kind, obj, status.attempts)
         if lookups.needs_live_report(current, trainer_report(progress) if progress else None,
                                      status):
             # The workload's end can come through its watch before the trainer's last patch
@@ -536,20 +544,23 @@ class Controller:
     # ------------------------------------------------------------------ sweeper
 
     async def sweep_once(self) -> int:
-        """Delete cloud resources tagged by this operator whose run no longer exists. Tags
-        are read first, runs second (from the API server, not a cache): a run made between
-        the two reads is in the second, and its fresh resources were not in the first."""
-        tagged = await self.aws.tagged(self.settings.operator_id)
+        """Delete cloud resources this operator made, in this cluster, for runs in namespaces
+        it watches that no longer exist, once seen as such for the minimum age
+        (`reconcile.sweep`). Tags are read first, runs second (from the API server, not a
+        cache): a run made between the two reads is in the second, and its fresh resources
+        were not in the first."""
+        tagged = await self.aws.tagged(self.settings.owner)
         known = await self.kube.uids("MultiTurnRLRun", self.settings.list_scopes)
+        plan = plan_sweep(tagged, owner=self.settings.owner, uid_tag=TAG_RUN_UID, known=known,
+                          watches=self.settings.watches, first_seen=self.orphans_seen,
+                          now=time.monotonic(), min_age=self.settings.sweep_min_age_seconds)
+        self.orphans_seen = plan.first_seen
         swept = 0
-        for uid, arns in tagged.items():
-            if uid in known:
-                continue
-            for arn in arns:
-                try:
-                    swept += await self.aws.delete_by_arn(arn, self.settings.ecs_cluster)
-                except Exception as exc:  # one stubborn resource must not stop the sweep
-                    log.warning("sweeper could not delete %s: %r", arn, exc)
+        for arn, _ in plan.delete:
+            try:
+                swept += await self.aws.delete_by_arn(arn, self.settings.ecs_cluster)
+            except Exception as exc:  # one stubborn resource must not stop the sweep
+                log.warning("sweeper could not delete %s: %r", arn, exc)
         if swept:
             metrics.SWEPT.inc(swept)
             log.info("sweeper deleted %d orphaned resource(s)", swept)

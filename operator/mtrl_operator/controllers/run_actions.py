@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtrl_api.run import MultiTurnRLRunSpec, WorkerBackend
+from mtrl_operator import launchers
 from mtrl_operator.adapters.aws import Aws
 from mtrl_operator.adapters.kube import Kube
 from mtrl_operator.builders import queues as queue_builders
 from mtrl_operator.builders import trainer as trainer_builders
 from mtrl_operator.builders import workers as worker_builders
-from mtrl_operator.builders.env import trainer_env, worker_env
+from mtrl_operator.builders.env import payload_bucket, trainer_env, worker_env
 from mtrl_operator.naming import FINALIZER, RunNames, owner_reference
 from mtrl_operator.reconcile.draft import (
     Act,
@@ -30,6 +31,7 @@ from mtrl_operator.reconcile.draft import (
     TrainerState,
 )
 from mtrl_operator.settings import Settings
+from mtrl_rollout.settings import run_payload_prefix
 
 log = logging.getLogger("mtrl.controller")
 KEPT_LOG_LINES = 200  # of a failed trainer container's log, kept after its pods go
@@ -101,6 +103,13 @@ class RunActions:
                 await self._announce(body, names, action,
                                      [f"log group {names.log_group}"] if deleted else [])
             elif action == Act.DELETE_QUEUES:
+                # The payloads first: no message can point at one once the queues are gone,
+                # and a failure here leaves the queues, so DELETE_QUEUES comes again.
+                if spec is not None and (payloads := await self.aws.delete_payloads(
+                        payload_bucket(spec), run_payload_prefix(names.aws_prefix))):
+                    await self._announce(body, names, action, [
+                        f"{payloads} offloaded payloads under s3://{payload_bucket(spec)}/"
+                        f"{run_payload_prefix(names.aws_prefix)}/"])
                 count = await self.aws.delete_queues(names)
                 await self._announce(body, names, action, [f"{count} queues named "
                                                            f"{names.aws_prefix}-*"] if count else [])
@@ -145,7 +154,7 @@ class RunActions:
         await self.kube.create(trainer_builders.config_map(names, spec, owner))
         for manifest in trainer_builders.progress_channel(names, spec, owner):
             await self.kube.create(manifest)
-        for manifest in trainer_builders.workload(names, spec, env, attempt, owner):
+        for manifest in launchers.build(names, spec, env, attempt, owner):
             await self.kube.create(manifest)
 
     async def _announce(self, body: dict[str, Any], names: RunNames, action: Act,

@@ -31,9 +31,16 @@ from mtrl_operator.adapters.kube import Kube
 from mtrl_operator.adapters.trigger_aws import NotificationQueue, Received, TriggerAws
 from mtrl_operator.builders import triggers as build
 from mtrl_operator.errors import CloudError, SpecError, StaleCopy
-from mtrl_operator.naming import ANNOTATION_FORCE_RELEASE, FINALIZER, TriggerNames
+from mtrl_operator.naming import (
+    ANNOTATION_FORCE_RELEASE,
+    FINALIZER,
+    TAG_SOURCE_BUCKET,
+    TAG_TRIGGER_UID,
+    TriggerNames,
+)
 from mtrl_operator.reconcile import trigger as reconcile_trigger
 from mtrl_operator.reconcile.notifications import MalformedNotification, ObjectEvent, parse
+from mtrl_operator.reconcile.sweep import plan_sweep
 from mtrl_operator.reconcile.trigger import QueueState, RunView
 from mtrl_operator.settings import Settings
 from mtrl_operator.workqueue import WorkQueue, every
@@ -102,6 +109,7 @@ class TriggerController:
         self.consumers: dict[str, asyncio.Task[None]] = {}
         self.changed: dict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self.locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.orphans_seen: dict[str, float] = {}  # queue ARN -> first sighting as an orphan
         self.queue: WorkQueue[Key] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -165,7 +173,7 @@ class TriggerController:
     def _names(self, body: dict[str, Any]) -> TriggerNames:
         meta = body["metadata"]
         return TriggerNames(meta["namespace"], meta["name"], meta["uid"],
-                            self.settings.operator_id)
+                            self.settings.operator_id, self.settings.cluster_id)
 
     def _status(self, body: dict[str, Any]) -> MultiTurnRLTriggerStatus:
         uid = body["metadata"]["uid"]
@@ -458,26 +466,26 @@ class TriggerController:
     # ------------------------------------------------------------------ sweeper
 
     async def sweep_once(self) -> int:
-        """Delete trigger queues (and their bucket entry) whose trigger no longer exists. The
-        tags are read before the triggers, so a trigger made in between is never missed."""
-        tagged = await self.aws.tagged_queues(self.settings.operator_id)
-        if not tagged:
-            return 0
-        known = await self.kube.uids(KIND, self.settings.list_scopes)
+        """Delete trigger queues (and their bucket entry) whose trigger no longer exists, with
+        the runs' sweeper's rules (`reconcile.sweep`). The tags are read before the triggers,
+        so a trigger made in between is never missed."""
+        tagged = await self.aws.tagged_queues(self.settings.owner)
+        known = await self.kube.uids(KIND, self.settings.list_scopes) if tagged else set()
+        plan = plan_sweep(tagged, owner=self.settings.owner, uid_tag=TAG_TRIGGER_UID,
+                          known=known, watches=self.settings.watches,
+                          first_seen=self.orphans_seen, now=time.monotonic(),
+                          min_age=self.settings.sweep_min_age_seconds)
+        self.orphans_seen = plan.first_seen
         swept = 0
-        for uid, queues in tagged.items():
-            if uid in known:
-                continue
-            for arn, bucket in queues:
-                name = arn.rsplit(":", 1)[-1]
-                try:
-                    if bucket and not name.endswith("-dlq"):
-                        await self.aws.remove_notification(bucket, name)  # its Id is its name
-                    swept += await self.aws.delete_queue_by_arn(arn)
-                except CloudError as exc:
-                    log.warning("sweeper could not delete trigger queue %s: %s", arn, exc)
+        for arn, tags in plan.delete:
+            name, bucket = arn.rsplit(":", 1)[-1], tags.get(TAG_SOURCE_BUCKET, "")
+            try:
+                if bucket and not name.endswith("-dlq"):
+                    await self.aws.remove_notification(bucket, name)  # its Id is its name
+                swept += await self.aws.delete_queue_by_arn(arn)
+            except CloudError as exc:
+                log.warning("sweeper could not delete trigger queue %s: %s", arn, exc)
         if swept:
             metrics.SWEPT.inc(swept)
             log.info("sweeper deleted %d orphaned trigger queue(s)", swept)
         return swept
-

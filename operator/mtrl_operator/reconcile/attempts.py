@@ -12,6 +12,7 @@ import datetime as dt
 from dataclasses import dataclass, replace
 
 from mtrl_api.run import LauncherKind, MultiTurnRLRunSpec, Phase
+from mtrl_operator.launchers import retry_owner
 from mtrl_operator.reconcile.draft import (
     SUCCEEDED_OUTCOME,
     Act,
@@ -25,7 +26,7 @@ from mtrl_operator.reconcile.draft import (
     duration,
     teardown,
 )
-from mtrl_operator.reconcile.retries import RetryOwner, retry_owner
+from mtrl_operator.reconcile.retries import RetryOwner
 
 MAX_RETRY_BACKOFF_SECONDS = 600.0  # the Job controller's MaxJobPodFailureBackOff
 _OWNER_TEXT = {RetryOwner.HYPERPOD_AUTO_RESUME: "HyperPod auto-resume",

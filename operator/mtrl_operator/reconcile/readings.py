@@ -1,4 +1,4 @@
-"""Pure readings of observed objects: trainer state, worker readiness, progress, spec checks."""
+"""Pure readings of observed objects: the trainer's pods, its report, the spec's checks."""
 
 from __future__ import annotations
 
@@ -25,62 +25,9 @@ from mtrl_api.run import (
     WorkersSpec,
     fargate_memory_text,
 )
-from mtrl_operator.reconcile.draft import TrainerObserved, TrainerReport, TrainerState
+from mtrl_operator.reconcile.draft import TrainerObserved, TrainerReport
 from mtrl_operator.reconcile.pods import bound, cannot_start, unschedulable
 from mtrl_operator.settings import Settings
-
-# What the newest condition of a PyTorchJob or HyperPodPyTorchJob means. Kubeflow's types are
-# in pkg/apis/kubeflow.org/v1/common_types.go; HyperPod's terminal ones are the recipes
-# launcher's (Completed, Failed), see docs/hyperpod.md.
-_TRAINING_JOB_STATES = {"Succeeded": TrainerState.SUCCEEDED, "Completed": TrainerState.SUCCEEDED,
-                        "Failed": TrainerState.FAILED, "Restarting": TrainerState.RESTARTING,
-                        "Running": TrainerState.RUNNING}
-
-
-def _true_conditions(obj: dict[str, Any]) -> list[str]:
-    return [c.get("type", "") for c in (obj.get("status") or {}).get("conditions") or []
-            if c.get("status") == "True"]
-
-
-def _message(obj: dict[str, Any], type_: str) -> str:
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if c.get("type") == type_:
-            return c.get("message") or c.get("reason") or ""
-    return ""
-
-
-def newest_true_condition(obj: dict[str, Any]) -> dict[str, Any] | None:
-    """The True condition with the latest lastTransitionTime; on a tie, the later in the list.
-
-    A training job's conditions are a history, not a set of facts: after a fault HyperPod
-    recovered from, `Failed=True` can stay in the list below a newer `Running`. AWS's own
-    launcher reads the newest one (sagemaker-hyperpod-recipes,
-    scripts/validations/validation_launchers/k8s_launcher.py: `.status.conditions[-1]`);
-    ranking every True condition by type would let the stale Failed kill a healthy job.
-    RFC 3339 timestamps in UTC ("Z") sort as strings; one without a time sorts first."""
-    true = [(c.get("lastTransitionTime") or "", i, c) for i, c in
-            enumerate((obj.get("status") or {}).get("conditions") or [])
-            if c.get("status") == "True"]
-    return max(true, key=lambda t: (t[0], t[1]))[2] if true else None
-
-
-def suspended(kind: str, obj: dict[str, Any]) -> bool:
-    """Whether the workload is suspended: Kueue creates a queued Job suspended (`spec.suspend`)
-    and a PyTorchJob too (`spec.runPolicy.suspend`), unsuspends it on admission and suspends
-    it again when it evicts or preempts it; the controllers then delete its pods."""
-    spec = obj.get("spec") or {}
-    if kind == "Job":
-        return bool(spec.get("suspend"))
-    return kind == "PyTorchJob" and bool((spec.get("runPolicy") or {}).get("suspend"))
-
-
-def trainer_state(kind: str, obj: dict[str, Any], attempt: int) -> TrainerObserved:
-    status = obj.get("status") or {}
-    observed = _trainer_state(kind, obj, attempt, status)
-    if observed.state in (TrainerState.SUCCEEDED, TrainerState.FAILED) \
-            or not suspended(kind, obj):
-        return observed
-    return TrainerObserved(attempt, TrainerState.PENDING, f"the {kind} is suspended", held=True)
 
 
 def queue_hold(queue: str, workloads: list[dict[str, Any]]) -> str:
@@ -99,26 +46,6 @@ def queue_hold(queue: str, workloads: list[dict[str, Any]]) -> str:
     head = (f"waiting for Kueue admission in queue {queue}" if queue
             else "suspended, waiting to be admitted")
     return f"{head}: {words}" if words else head
-
-
-def _trainer_state(kind: str, obj: dict[str, Any], attempt: int,
-                   status: dict[str, Any]) -> TrainerObserved:
-    if kind != "Job":
-        newest = newest_true_condition(obj)
-        state = _TRAINING_JOB_STATES.get((newest or {}).get("type", ""))
-        if newest is None or state is None:  # Created, or a type this operator does not know
-            return TrainerObserved(attempt, TrainerState.PENDING,
-                                   f"waiting for the {kind} controller")
-        return TrainerObserved(attempt, state, newest.get("message") or newest.get("reason") or "")
-    true = _true_conditions(obj)
-    if "Complete" in true or "SuccessCriteriaMet" in true:
-        return TrainerObserved(attempt, TrainerState.SUCCEEDED, "the trainer Job completed")
-    if "Failed" in true or "FailureTarget" in true:
-        return TrainerObserved(attempt, TrainerState.FAILED, _message(obj, "Failed")
-                               or _message(obj, "FailureTarget") or "the trainer Job failed")
-    if (status.get("ready") or 0) > 0:
-        return TrainerObserved(attempt, TrainerState.RUNNING, "")
-    return TrainerObserved(attempt, TrainerState.PENDING, "waiting for trainer pods")
 
 
 MAX_CAUSE = 1024  # of the trainer's own words in the run's message

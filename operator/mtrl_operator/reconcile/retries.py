@@ -5,14 +5,13 @@ PyTorchJob backoffLimit, HyperPod auto-resume's job-max-retry-count, HyperPodPyT
 jobMaxRetryCount and restartPolicy). Left to their defaults they nest: an operator retry of a
 job that HyperPod already retried three times is a fourth, fifth... start. The builders turn
 every knob but the owner's to "no retry", and `reconcile.decide` starts a new attempt only when
-the operator is the owner. docs/hyperpod.md ("Who retries") has the table and the sources.
+the operator is the owner. Each launcher names its owner (`mtrl_operator.launchers`).
+docs/hyperpod.md ("Who retries") has the table and the sources.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-
-from mtrl_api.run import LauncherKind, TrainerSpec
 
 
 class RetryOwner(StrEnum):
@@ -32,12 +31,3 @@ def auto_resume_applies(namespace: str, instance_type: str) -> bool:
     no HyperPod to retry it, so the operator does."""
     return instance_type.startswith(HYPERPOD_INSTANCE_PREFIX) and (
         namespace == "kubeflow" or namespace.startswith("hyperpod"))
-
-
-def retry_owner(trainer: TrainerSpec, namespace: str) -> RetryOwner:
-    if trainer.launcher == LauncherKind.HYPERPOD_PYTORCH_JOB:
-        return RetryOwner.HYPERPOD_TRAINING_OPERATOR
-    if trainer.launcher == LauncherKind.PYTORCH_JOB and \
-            auto_resume_applies(namespace, trainer.instance_type):
-        return RetryOwner.HYPERPOD_AUTO_RESUME
-    return RetryOwner.OPERATOR

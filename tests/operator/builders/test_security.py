@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from mtrl_api.run import MultiTurnRLRunSpec
-from mtrl_operator.builders import trainer, workers
+from mtrl_operator import launchers
+from mtrl_operator.builders import workers
 from mtrl_operator.builders.env import trainer_env, worker_env
 from mtrl_operator.naming import RunNames
 from mtrl_testbed.cluster import LocalCluster
@@ -45,7 +46,7 @@ def pod_templates(namespace: str) -> Iterator[tuple[str, dict[str, Any]]]:
         spec = MultiTurnRLRunSpec.model_validate(
             SPEC["spec"] | {"trainer": SPEC["spec"]["trainer"] | {"launcher": launcher}})
         env = trainer_env(names, spec, QUEUES, "us-west-2", attempt=1)
-        for obj in trainer.workload(names, spec, env, 1, OWNER):
+        for obj in launchers.build(names, spec, env, 1, OWNER):
             body = obj["spec"]
             if obj["kind"] == "Job":
                 yield "Job", body["template"]

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from mtrl_api.run import MultiTurnRLRunSpec
+from mtrl_operator import launchers
 from mtrl_operator.builders.trainer import (
     ELASTIC_AGENT_PORT,
     STEP_LOG_PATTERN,
     pod_template,
-    workload,
 )
 from mtrl_operator.naming import RunNames
 from mtrl_rollout import logs
@@ -36,7 +36,7 @@ def spec(launcher: str, nodes: int = 2, **extra: Any) -> MultiTurnRLRunSpec:
 
 def render(launcher: str, namespace: str = "team-a", **kw: Any) -> dict[str, Any]:
     names = RunNames(namespace, "wordle", "uid-1")
-    return workload(names, spec(launcher, **kw), {"MTRL_RUN_ID": "uid-1"}, 1, OWNER)[-1]
+    return launchers.build(names, spec(launcher, **kw), {"MTRL_RUN_ID": "uid-1"}, 1, OWNER)[-1]
 
 
 def container(pod_spec: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from mtrl_operator.errors import NotPermitted
 from mtrl_operator.naming import LABEL_ATTEMPT, LABEL_COMPONENT, LABEL_RUN_UID
 from mtrl_operator.reconcile.run import Act, Decision
 from mtrl_operator.settings import Settings
+from mtrl_rollout.queues import TAG_CLUSTER_ID, TAG_OPERATOR_ID, TAG_RUN_UID, resource_tags
 
 
 def _body(phase: str) -> dict[str, Any]:
@@ -321,12 +322,25 @@ def test_a_relist_wakes_only_the_runs_whose_children_changed() -> None:
     assert queue.added == [("ns", "u-b")]
 
 
-class _World:
-    """Runs and their tagged resources, where a run is created between any two reads."""
+CLUSTER = "c0ffee00-0000-4000-8000-000000000001"  # this cluster's kube-system UID
+OURS = Settings(cluster_id=CLUSTER, sweep_min_age_seconds=0)
 
-    def __init__(self) -> None:
-        self.runs = {"u-old"}
-        self.tagged_resources = {"u-old": ["arn:old"], "u-gone": ["arn:gone"]}
+
+def _tags(uid: str, namespace: str = "ns", operator_id: str = "default",
+          cluster_id: str | None = CLUSTER) -> dict[str, str]:
+    return resource_tags(uid, namespace, "run", "queue", operator_id, cluster_id or "")
+
+
+class _World:
+    """Runs and their tagged resources in a shared AWS account, where a run is created
+    between any two reads. `tagged` answers as the tagging API does to the filters the
+    sweeper sends: an operator id alone (as it once did), or the owner's id and cluster."""
+
+    def __init__(self, resources: dict[str, dict[str, str]] | None = None,
+                 runs: set[str] | None = None) -> None:
+        self.runs = {"u-old"} if runs is None else runs
+        self.resources = {"arn:old": _tags("u-old"), "arn:gone": _tags("u-gone")} \
+            if resources is None else resources
         self.deleted: list[str] = []
         self.reads = 0
 
@@ -334,15 +348,23 @@ class _World:
         self.reads += 1
         if self.reads == 1:  # a run created, and its first queue, after the first read
             self.runs.add("u-new")
-            self.tagged_resources["u-new"] = ["arn:new"]
+            self.resources["arn:new"] = _tags("u-new")
 
     async def uids(self, kind: str, scopes: list[str]) -> set[str]:
         known = set(self.runs)
         self._between_reads()
         return known
 
-    async def tagged(self, operator_id: str) -> dict[str, list[str]]:
-        found = {uid: list(arns) for uid, arns in self.tagged_resources.items()}
+    async def tagged(self, owner: Any) -> Any:
+        if isinstance(owner, str):  # the operator id alone: run UID -> ARNs
+            found: Any = {}
+            for arn, tags in self.resources.items():
+                if tags.get(TAG_OPERATOR_ID) == owner:
+                    found.setdefault(tags[TAG_RUN_UID], []).append(arn)
+        else:
+            found = [(arn, dict(tags)) for arn, tags in self.resources.items()
+                     if tags.get(TAG_OPERATOR_ID) == owner.operator_id
+                     and tags.get(TAG_CLUSTER_ID) == owner.cluster_id]
         self._between_reads()
         return found
 
@@ -355,6 +377,35 @@ async def test_the_sweeper_never_deletes_a_run_made_between_its_two_reads() -> N
     """Tags first, runs second: a run made in between is in the second read, and its fresh
     resources were not in the first. (Runs first swept the new run's queue.)"""
     world = _World()
-    controller = Controller(Settings(), kube=world, aws=world)  # type: ignore[arg-type]
+    controller = Controller(OURS, kube=world, aws=world)  # type: ignore[arg-type]
     assert await controller.sweep_once() == 1
     assert world.deleted == ["arn:gone"]
+
+
+async def test_the_sweeper_touches_only_what_this_cluster_and_install_made() -> None:
+    """One AWS account, several installs, every one with the chart's default operator id: a
+    prod cluster, an install of this cluster watching other namespaces, an older operator
+    that wrote no cluster tag. Each had its resources deleted by this sweeper at every pass
+    (their runs are not in this cluster, or not in its namespaces)."""
+    world = _World({
+        "arn:ours-gone": _tags("u-gone", namespace="team-a"),
+        "arn:other-cluster": _tags("u-prod", namespace="team-a",
+                                   cluster_id="0ddba11-0000-4000-8000-000000000002"),
+        "arn:other-namespace": _tags("u-b", namespace="team-b"),
+        "arn:older-operator": _tags("u-old-version", namespace="team-a", cluster_id=None),
+    }, runs=set())
+    settings = Settings(cluster_id=CLUSTER, sweep_min_age_seconds=0, namespaces=["team-a"])
+    controller = Controller(settings, kube=world, aws=world)  # type: ignore[arg-type]
+    await controller.sweep_once()
+    assert world.deleted == ["arn:ours-gone"]
+
+
+async def test_the_sweeper_waits_the_minimum_age_from_its_first_sighting() -> None:
+    """An orphan is deleted only once seen as one for sweepMinAgeSeconds: nothing younger is
+    swept, whoever made it. (Every orphan went at its first sighting.)"""
+    world = _World({"arn:gone": _tags("u-gone")}, runs=set())
+    controller = Controller(Settings(cluster_id=CLUSTER, sweep_min_age_seconds=600),
+                            kube=world, aws=world)  # type: ignore[arg-type]
+    assert await controller.sweep_once() == 0 and world.deleted == []
+    controller.orphans_seen = {arn: t - 601 for arn, t in controller.orphans_seen.items()}
+    assert await controller.sweep_once() == 1 and world.deleted == ["arn:gone"]

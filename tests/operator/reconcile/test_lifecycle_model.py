@@ -28,7 +28,17 @@ Invariants (each names the promise it keeps):
 - each phase transition is announced once (one Event per change), each worker problem once;
 - a deleted run releases its finalizer with nothing left; a finished or suspended one holds
   no compute once it settles;
-- a live run always says what it is doing (its message is never blank once started).
+- a live run always says what it is doing (its message is never blank once started);
+- never an orphan: workers run only in the cluster the spec names, so an edit of spec.workers
+  the API server accepts (`workers_may_exist`, the CEL rule's mirror) never leaves a task
+  unseen, and every task stops once the run is released, finished or suspended;
+- re-asks never start extra tasks: fleets of more than 100 tasks are listed page by page
+  (ECS answers 100 a page; `all_pages` is the adapter's own loop), and no more than
+  maxReplicas tasks ever run;
+- a sweeper touches only its own: two installs share the AWS account (the chart's default
+  operator id in both, another cluster id), with an older operator's untagged leftovers; each
+  sweeper (`plan_sweep`) deletes only what its own operator and cluster made for runs that
+  are gone, and only after the minimum age.
 """
 
 from __future__ import annotations
@@ -47,7 +57,15 @@ from hypothesis.stateful import (
     rule,
 )
 
-from mtrl_api.run import MultiTurnRLRunSpec, MultiTurnRLRunStatus, Phase, Progress
+from mtrl_api.run import (
+    WORKERS_EDITABLE_WHILE_RUNNING,
+    MultiTurnRLRunSpec,
+    MultiTurnRLRunStatus,
+    Phase,
+    Progress,
+    workers_may_exist,
+)
+from mtrl_operator.adapters.aws import all_pages
 from mtrl_operator.reconcile.draft import EcsTask, Event, Placement, TrainerReport
 from mtrl_operator.reconcile.run import (
     Act,
@@ -57,6 +75,8 @@ from mtrl_operator.reconcile.run import (
     TrainerState,
     decide,
 )
+from mtrl_operator.reconcile.sweep import Owner, Tagged, plan_sweep
+from mtrl_rollout.queues import TAG_RUN_UID, resource_tags
 
 T0 = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
 PHASES = {p.value for p in Phase}
@@ -66,11 +86,15 @@ FAILURE_REASONS = {"BackoffLimitExceeded", "TrainerFailed", "TrainerHung", "Trai
 # Model runs: CI runs the default; MTRL_MODEL_EXAMPLES=10000 is the longer local run.
 EXAMPLES = int(os.environ.get("MTRL_MODEL_EXAMPLES", "1000"))
 REACTIONS = st.integers(0, 3)  # reconciles after an event
+ECS_PAGE = 100  # tasks ListTasks answers a page
+OURS, THEIRS = Owner("default", "cluster-a"), Owner("default", "cluster-b")  # chart defaults
+SWEEP_MIN_AGE_S = 600.0
 
 
 @dataclass
 class Task:
     arn: str
+    cluster: str = "default"
     ready: bool = False
     stopped: bool = False
     by_operator: bool = False
@@ -105,10 +129,12 @@ class Lifecycle(RuleBasedStateMachine):
 
     @initialize(launcher=st.sampled_from(["Job", "HyperPodPyTorchJob"]),
                 minimum=st.integers(0, 2), extra=st.integers(0, 2),
-                backoff=st.integers(0, 2), capacity=st.one_of(st.none(), st.integers(0, 4)))
+                backoff=st.integers(0, 2), capacity=st.one_of(st.none(), st.integers(0, 4)),
+                fleet=st.sampled_from([0, 0, 0, 101, 150]))
     def create(self, launcher: str, minimum: int, extra: int, backoff: int,
-               capacity: int | None) -> None:
-        self.spec = _spec(launcher, minimum, max(minimum, 1) + extra, backoff, False)
+               capacity: int | None, fleet: int) -> None:
+        """`fleet`: now and then a run of more than a page of workers."""
+        self.spec = _spec(launcher, minimum, fleet or max(minimum, 1) + extra, backoff, False)
         self.status = MultiTurnRLRunStatus()
         self.now = T0
         self.deleting = False
@@ -131,8 +157,39 @@ class Lifecycle(RuleBasedStateMachine):
         self.next_arn = 0
         self.last: Decision | None = None
         self.last_failed_attempts = 0
+        # The shared AWS account, beside this run's own queues and tasks: an orphan of ours
+        # (a run deleted while the operator was away), the other install's resources (its run
+        # alive), and an older operator's, tagged without a cluster id.
+        self.account: dict[str, dict[str, str]] = {
+            "arn:ours-orphan": resource_tags("gone", "team-a", "x", "queue", "default",
+                                             OURS.cluster_id),
+            "arn:theirs-live": resource_tags("theirs", "team-a", "run", "queue", "default",
+                                             THEIRS.cluster_id),
+            "arn:theirs-orphan": resource_tags("theirs-gone", "team-a", "y", "queue",
+                                               "default", THEIRS.cluster_id),
+            "arn:older-operator": resource_tags("older", "team-a", "z", "queue", "default")}
+        self.sightings: dict[Owner, dict[str, float]] = {OURS: {}, THEIRS: {}}
+        self.swept: dict[Owner, list[str]] = {OURS: [], THEIRS: []}
 
     # ------------------------------------------------------------------ observing
+
+    def _list_tasks(self, nextToken: str | None = None) -> dict[str, object]:
+        """ECS ListTasks in the spec's cluster (the only one the operator looks in), a page of
+        at most 100 at a time."""
+        listed = [t for t in self.tasks if t.cluster == self._cluster()]
+        start = int(nextToken or 0)
+        page: dict[str, object] = {"taskArns": [t.arn for t in listed[start:start + ECS_PAGE]]}
+        if start + ECS_PAGE < len(listed):
+            page["nextToken"] = str(start + ECS_PAGE)
+        return page
+
+    def _cluster(self) -> str:
+        return self.spec.workers.ecs.cluster or "default"
+
+    def _seen_tasks(self) -> list[Task]:
+        by_arn = {t.arn: t for t in self.tasks}
+        return [by_arn[arn] for arn in all_pages(self._list_tasks, "taskArns", "nextToken",
+                                                 "nextToken")]
 
     def observe(self, placement: Placement | None = None) -> Observed:
         current = self.workloads.get(self.status.attempts)
@@ -142,7 +199,8 @@ class Lifecycle(RuleBasedStateMachine):
                 current.attempt, current.state, disrupted="Evicted" if current.disrupted else "",
                 bound=current.bound, waiting="pod t-0 cannot start its container "
                 "(ImagePullBackOff): Back-off pulling image" if current.stuck else "")
-        live = [t for t in self.tasks if not t.stopped]
+        seen = self._seen_tasks()
+        live = [t for t in seen if not t.stopped]
         return Observed(
             now=self.now, generation=1, deleting=self.deleting, spec=self.spec,
             spec_error=None, status=self.status, queues_ready=self.queues,
@@ -152,10 +210,10 @@ class Lifecycle(RuleBasedStateMachine):
             trainer_workloads=tuple(("Job", f"t{a}") for a in self.workloads),
             progress=Progress(step=self.step) if self.report else None,
             namespace="team-a", name="run", uid="uid", report=self.report, price=self.price,
-            workers_stopped=sum(t.stopped and not t.by_operator for t in self.tasks),
+            workers_stopped=sum(t.stopped and not t.by_operator for t in seen),
             placement=placement,
             ecs_tasks=tuple(EcsTask(t.arn, "STOPPED" if t.stopped else "RUNNING",
-                                    "STOPPED" if t.stopped else "RUNNING") for t in self.tasks))
+                                    "STOPPED" if t.stopped else "RUNNING") for t in seen))
 
     # ------------------------------------------------------------------ the operator
 
@@ -211,13 +269,17 @@ class Lifecycle(RuleBasedStateMachine):
                 self.queues = True
             elif act == Act.ENSURE_WORKERS:
                 self.definition = True
-                missing = self.spec.workers.max_replicas - sum(not t.stopped for t in self.tasks)
-                placed = missing if self.capacity is None else min(missing, self.capacity)
+                # As RunActions: what is missing from what the observation listed.
+                missing = self.spec.workers.max_replicas - sum(not t.stopped
+                                                               for t in self._seen_tasks())
+                placed = max(0, missing if self.capacity is None else min(missing, self.capacity))
                 if self.capacity is not None:
                     self.capacity -= placed
                 for _ in range(placed):
                     self.next_arn += 1
-                    self.tasks.append(Task(f"arn:task/{self.next_arn}"))
+                    self.tasks.append(Task(f"arn:task/{self.next_arn}", self._cluster()))
+                assert sum(not t.stopped for t in self.tasks) <= self.spec.workers.max_replicas, \
+                    "more tasks than maxReplicas: a re-ask started extra ones"
                 placement = Placement(missing, placed, ("Capacity is unavailable",) *
                                       (missing - placed))
             elif act == Act.ENSURE_TRAINER:
@@ -227,7 +289,7 @@ class Lifecycle(RuleBasedStateMachine):
                 for workload in self.workloads.values():
                     workload.deleting = True
             elif act == Act.DELETE_WORKERS:
-                for t in self.tasks:
+                for t in self._seen_tasks():  # the spec's cluster: RunActions stops those
                     if not t.stopped:
                         t.stopped = t.by_operator = True
                 self.definition = False
@@ -349,12 +411,63 @@ class Lifecycle(RuleBasedStateMachine):
         self._react(then)
 
     @precondition(lambda self: not self.deleting)
-    @rule(maximum=st.integers(1, 4), then=REACTIONS)
-    def edit_max_replicas(self, maximum: int, then: int) -> None:
-        workers = self.spec.workers.model_copy(update={
-            "max_replicas": max(maximum, self.spec.workers.min_replicas)})
+    @rule(field=st.sampled_from(["max_replicas", "min_replicas", "ready_timeout_seconds",
+                                 "image", "cluster"]),
+          value=st.integers(1, 4), then=REACTIONS)
+    def edit_workers(self, field: str, value: int, then: int) -> None:
+        """A user edits spec.workers; the API server refuses what the CEL rule refuses (any
+        field but minReplicas and readyTimeoutSeconds while workers may exist). Moving the
+        tasks to another ECS cluster mid-run left the old ones running, unseen, for good."""
+        if workers_may_exist(self.status) and field not in WORKERS_EDITABLE_WHILE_RUNNING:
+            self._react(then)
+            return
+        workers = self.spec.workers
+        if field == "cluster":
+            ecs = workers.ecs.model_copy(update={"cluster": f"cluster-{value}"})
+            workers = workers.model_copy(update={"ecs": ecs})
+        elif field == "image":
+            workers = workers.model_copy(update={"image": f"worker:{value}"})
+        elif field == "min_replicas":
+            workers = workers.model_copy(update={"min_replicas": min(value,
+                                                                     workers.max_replicas)})
+        elif field == "max_replicas":
+            workers = workers.model_copy(update={"max_replicas": max(value,
+                                                                     workers.min_replicas)})
+        else:
+            workers = workers.model_copy(update={"ready_timeout_seconds": 300 * value})
         self.spec = self.spec.model_copy(update={"workers": workers})
         self._react(then)
+
+    # ------------------------------------------------------------------ the shared account
+
+    def _tagged(self) -> list[Tagged]:
+        """What the tagging API lists: the account's resources and this run's queues and
+        tasks (all of them, in every cluster), tagged as the operator tags them."""
+        ours = resource_tags("uid", "team-a", "run", "worker-task", "default", OURS.cluster_id)
+        run = [(f"arn:queue/{role}", ours) for role in ("rollout", "dlq") if self.queues]
+        run += [(t.arn, ours) for t in self.tasks if not t.stopped]
+        return [*self.account.items(), *run]
+
+    @rule(theirs=st.booleans(), seconds=st.sampled_from([0, 300, 700]))
+    def a_sweeper_sweeps(self, theirs: bool, seconds: int) -> None:
+        """One install's sweeper passes over the shared account: its runs are what its API
+        server lists (ours: this run until it is released; theirs: their live run)."""
+        owner = THEIRS if theirs else OURS
+        known = {"theirs"} if theirs else (set() if self.released else {"uid"})
+        clock = (self.now - T0).total_seconds() + seconds
+        plan = plan_sweep(self._tagged(), owner=owner, uid_tag=TAG_RUN_UID, known=known,
+                          watches=lambda namespace: True, first_seen=self.sightings[owner],
+                          now=clock, min_age=SWEEP_MIN_AGE_S)
+        for arn, tags in plan.delete:
+            assert owner.made(tags) and tags[TAG_RUN_UID] not in known, \
+                f"{owner} swept {arn}, not its own orphan"
+            assert clock - self.sightings[owner].get(arn, clock) >= SWEEP_MIN_AGE_S, \
+                f"{owner} swept {arn} younger than the minimum age"
+            assert not arn.startswith(("arn:queue/", "arn:task/")) or self.released, \
+                f"{owner} swept a resource of a live run: {arn}"
+            self.account.pop(arn, None)
+            self.swept[owner].append(arn)
+        self.sightings[owner] = plan.first_seen
 
     # ------------------------------------------------------------------ trainers
 
@@ -495,7 +608,14 @@ class Lifecycle(RuleBasedStateMachine):
     def released_means_nothing_left(self) -> None:
         if getattr(self, "released", False):
             assert not self.workloads and not self.queues
-            assert all(t.stopped for t in self.tasks)
+            assert all(t.stopped for t in self.tasks), "a task left running: an orphan"
+
+    @invariant()
+    def a_sweeper_touches_only_its_own(self) -> None:
+        if not hasattr(self, "swept"):
+            return
+        assert set(self.swept[OURS]) <= {"arn:ours-orphan"}, self.swept[OURS]
+        assert set(self.swept[THEIRS]) <= {"arn:theirs-orphan"}, self.swept[THEIRS]
 
     @invariant()
     def suspension_never_fails_a_run_nor_spends_attempts(self) -> None:
@@ -505,7 +625,8 @@ class Lifecycle(RuleBasedStateMachine):
             assert self.status.failed_attempts == 0
             if self.status.phase == Phase.FAILED:
                 reason = next(c.reason for c in self.status.conditions if c.type == "Failed")
-                assert reason == "WorkersUnavailable", reason
+                assert reason == "WorkersUnavailable" or (
+                    reason == "NothingTrained" and self.nothing_trained), reason
 
     def teardown(self) -> None:
         """Left alone (no more events, time moving on), the run settles: deleted runs are

@@ -1,4 +1,5 @@
-"""Pure readings of observed objects: the trainer workload's state, the trainer's own report,
+"""Pure readings of observed objects: the trainer workload's state (through its launcher), the
+trainer's own report,
 and the spec checks the schema cannot express."""
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ import pytest
 
 from mtrl_api.environments import known
 from mtrl_api.run import GeneratedDataset, MultiTurnRLRunSpec, WorkerBackend
+from mtrl_operator.launchers import observe as trainer_state
+from mtrl_operator.launchers.conditions import newest_true_condition
 from mtrl_operator.reconcile.draft import TrainerReport
 from mtrl_operator.reconcile.readings import (
-    newest_true_condition,
     queue_hold,
     spec_problem,
     trainer_report,
-    trainer_state,
     with_cause,
     with_pods,
 )
