@@ -47,6 +47,8 @@ mkdir -p "${CACHE}"
 exec 9>"${CACHE}/.lock"
 flock 9
 
+# On every image built here, so that clean-up never touches an image of anyone else's.
+LABEL="local.mtrl.built-by=hack/build-images.sh"
 has_image() { "${DOCKER}" image inspect "$1" >/dev/null 2>&1; }
 
 # The machine's local CAs (its TLS to the package registries goes through one of them).
@@ -84,7 +86,8 @@ build_base() {
     debootstrap --variant=minbase --include="${BASE_PACKAGES}" "${SUITE}" "${root}" "$(mirror)" \
       >"${CACHE}/debootstrap.log" 2>&1 || { tail -n 30 "${CACHE}/debootstrap.log" >&2; exit 1; }
     local_cas | while read -r ca; do cp "${ca}" "${root}/usr/local/share/ca-certificates/"; done
-    chroot "${root}" update-ca-certificates >/dev/null
+    # Quiet: its rehash warns that the bundle holds more than one certificate.
+    chroot "${root}" update-ca-certificates >/dev/null 2>&1
     rm -rf "${root}"/var/cache/apt/archives/*.deb "${root}"/var/lib/apt/lists/* "${root}"/tmp/*
     tar -C "${root}" --numeric-owner -cf "${tarball}.tmp" .
     mv "${tarball}.tmp" "${tarball}"
@@ -98,6 +101,7 @@ build_base() {
     -c 'ENV LANG=C.UTF-8' \
     -c 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
     -c 'CMD ["python3"]' \
+    -c "LABEL ${LABEL}" \
     "${tarball}" "${BASE}" >/dev/null
 }
 
@@ -112,7 +116,8 @@ build_torch_base() {
     touch "${wheels}/.complete"
   fi
   log "building ${TORCH_BASE}"
-  "${DOCKER}" build --network host -f hack/torch-base.Dockerfile --build-arg "BASE_IMAGE=${BASE}" \
+  "${DOCKER}" build --network host --label "${LABEL}" -f hack/torch-base.Dockerfile \
+    --build-arg "BASE_IMAGE=${BASE}" \
     --build-arg "TORCH_VERSION=${TORCH_VERSION}" -t "${TORCH_BASE}" "${wheels}"
 }
 
@@ -127,9 +132,20 @@ for name in "${IMAGES[@]}"; do
   ref="mtrl.local/mtrl-${name}:${TAG}"
   log "building ${ref}"
   start=$(date +%s)
-  "${DOCKER}" build --network host -f "images/${name}/Dockerfile" \
+  "${DOCKER}" build --network host --label "${LABEL}" -f "images/${name}/Dockerfile" \
     --build-arg "BASE_IMAGE=${BASE}" --build-arg "TRAINER_BASE_IMAGE=${TORCH_BASE}" \
     -t "${ref}" . >"${CACHE}/build-${name}.log" 2>&1 \
     || { tail -n 40 "${CACHE}/build-${name}.log" >&2; exit 1; }
   log "built ${ref} in $(( $(date +%s) - start ))s"
 done
+
+# What an older recipe, torch version or source left behind: bases under other keys, the
+# images their tags moved off (dangling), and their cached tarballs and wheels (gigabytes).
+for old in $("${DOCKER}" image ls --format '{{.Repository}}:{{.Tag}}' \
+             --filter reference=mtrl.local/python-base --filter reference=mtrl.local/torch-base); do
+  case "${old}" in "${BASE}"|"${TORCH_BASE}") ;; *) "${DOCKER}" image rm "${old}" >/dev/null ;; esac
+done
+"${DOCKER}" image prune --force --filter "label=${LABEL}" >/dev/null
+find "${CACHE}" -maxdepth 1 \( -name 'python-base-*.tar' -o -name 'wheels-torch-*' \) \
+  ! -name "python-base-${SUITE}-${base_key}.tar" ! -name "wheels-torch-${TORCH_VERSION}" \
+  -exec rm -rf {} +
