@@ -146,6 +146,13 @@ for old in $("${DOCKER}" image ls --format '{{.Repository}}:{{.Tag}}' \
   case "${old}" in "${BASE}"|"${TORCH_BASE}") ;; *) "${DOCKER}" image rm "${old}" >/dev/null ;; esac
 done
 "${DOCKER}" image prune --force --filter "label=${LABEL}" >/dev/null
+# The layers those images had stay in BuildKit's cache (about 1 GB per source change, all of
+# an old torch base's): keep the most recently used 2 GB, in our own engine only. The current
+# build's records, the most recent, are small (their layers are the images') and stay, so the
+# next build is still warm.
+if [ "${DOCKER_HOST}" = "$(bash hack/docker.sh ours)" ]; then
+  "${DOCKER}" builder prune --force --keep-storage 2GB >/dev/null
+fi
 find "${CACHE}" -maxdepth 1 \( -name 'python-base-*.tar' -o -name 'wheels-torch-*' \) \
   ! -name "python-base-${SUITE}-${base_key}.tar" ! -name "wheels-torch-${TORCH_VERSION}" \
   -exec rm -rf {} +

@@ -5,6 +5,7 @@
 #                              a dockerd of our own unless one already answers; idempotent
 #   bash hack/docker.sh down   stop the dockerd that `up` started (never anyone else's)
 #   bash hack/docker.sh host   print the DOCKER_HOST to use
+#   bash hack/docker.sh ours   print the DOCKER_HOST of the project's own engine
 #
 # A Docker engine that already answers at $DOCKER_HOST (a person's own) is used as it is and
 # never stopped. Otherwise ours has its own data root, exec root and socket under
@@ -95,6 +96,7 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   host) host ;;
+  ours) echo "${OURS}" ;;
   client) client ;;
-  *) echo "usage: $0 up|down|host|client" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|host|ours|client" >&2; exit 2 ;;
 esac
