@@ -63,17 +63,33 @@ up() {
   if running_pid >/dev/null && answers "${OURS}"; then return 0; fi
   install_engine
   mkdir -p "${DIR}/data" "${DIR}/exec"
-  rm -f "${SOCK}"
+  # What a killed engine left: dockerd refuses to start while its pid file exists, and waits
+  # for the containerd its exec root names if that pid is alive. Ours, if it still runs, is
+  # stopped; a pid file naming another process (the pid reused) is only removed.
+  rm -f "${SOCK}" "${PIDFILE}"
+  local cpidfile="${DIR}/exec/containerd/containerd.pid" cpid
+  if [ -f "${cpidfile}" ]; then
+    cpid=$(cat "${cpidfile}")
+    if [ "$(cat "/proc/${cpid}/comm" 2>/dev/null)" = containerd ] \
+       && grep -qF "${DIR}/exec" "/proc/${cpid}/cmdline" 2>/dev/null; then
+      log "stopping the containerd a killed dockerd left (pid ${cpid})"
+      kill -TERM "${cpid}" 2>/dev/null || true
+      for _ in $(seq 1 20); do kill -0 "${cpid}" 2>/dev/null || break; sleep 0.5; done
+    fi
+    rm -f "${cpidfile}"
+  fi
   log "starting dockerd (data root ${DIR}/data)"
   # setsid: the engine outlives the shell that started it (make, pytest), until `down`.
   setsid dockerd --data-root "${DIR}/data" --exec-root "${DIR}/exec" --pidfile "${PIDFILE}" \
     --host "${OURS}" --bridge none --iptables=false --ip-masq=false \
     >"${LOG}" 2>&1 </dev/null &
+  local started=$!
   for _ in $(seq 1 120); do
     if answers "${OURS}"; then log "dockerd is up"; return 0; fi
+    kill -0 "${started}" 2>/dev/null || break
     sleep 0.5
   done
-  echo "dockerd did not answer within 60 s; its log (${LOG}):" >&2
+  echo "dockerd did not start; its log (${LOG}):" >&2
   tail -n 30 "${LOG}" >&2
   exit 1
 }
