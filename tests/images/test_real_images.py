@@ -21,16 +21,19 @@ COMMANDS = {
     "operator": [
         [*command("operator"), "--help"],
         ["mtrl", "--help"],
+        ["kubectl-mtrl", "--help"],
         ["mtrl", "drain", "--help"],
     ],
     "worker": [
         [*command("worker"), "--help"],
         ["mtrl", "--help"],
+        ["kubectl-mtrl", "--help"],
         ["mtrl", "env", "list"],
     ],
     "trainer": [
         [*trainer_command(nodes=1, gpus=1), "--help"],
         ["mtrl", "--help"],
+        ["kubectl-mtrl", "--help"],
         ["python", "-m", "mtrl_trainer", "--help"],
         ["torchrun", "--help"],
         ["hyperpodrun", "--help"],
@@ -123,6 +126,20 @@ def test_holds_nothing_it_does_not_run(images: Images, name: str) -> None:
     done = images.run(name, ["python", "-c", script], *WRITABLE[name])
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# A subcommand whose package another image holds says so (mtrl_cli.main), rather than a
+# traceback: image -> (subcommand, the package it lacks).
+ELSEWHERE = {"operator": ("worker", "mtrl_worker"), "worker": ("operator", "mtrl_operator"),
+             "trainer": ("operator", "mtrl_operator")}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_subcommand_of_another_image_says_where_it_runs(images: Images, name: str) -> None:
+    subcommand, package = ELSEWHERE[name]
+    done = images.run(name, ["mtrl", subcommand, "--help"], *WRITABLE[name])
+    assert done.returncode == 2, done.stderr
+    assert f"does not include {package}" in done.stderr, done.stderr
 
 
 def test_the_worker_has_unshare(images: Images) -> None:
