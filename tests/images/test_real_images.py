@@ -142,6 +142,28 @@ def test_a_subcommand_of_another_image_says_where_it_runs(images: Images, name: 
     assert f"does not include {package}" in done.stderr, done.stderr
 
 
+SANDBOX = """
+import asyncio
+from mtrl_worker.environments import sandbox
+result = asyncio.run(sandbox.run_tests("def add(a, b):\\n    return a + b\\n",
+                                       [("add(1, 2)", "3"), ("add(1, 1)", "3")]))
+print(result.passed, result.total, result.error, sandbox.network_isolated())
+"""
+
+
+def test_the_coding_sandbox_scores_solutions_in_a_restricted_container(images: Images) -> None:
+    """The coding environment's sandbox as a restricted worker pod runs it: uid 65532, no
+    capabilities, no privilege escalation, the engine's default seccomp profile, /tmp its only
+    writable path. `unshare` is refused there (EPERM), so solutions get no network namespace of
+    their own, only the audit hook (docs/images.md); they are still run and scored."""
+    done = images.run("worker", ["python", "-c", SANDBOX], "--tmpfs", "/tmp")
+    assert done.returncode == 0, done.stderr
+    passed, total, error, isolated = done.stdout.split()
+    assert (passed, total, error) == ("1", "2", "None")
+    assert isolated == "False"  # seen with Docker's default profile; a runtime that allows
+    # user namespaces would isolate, and this line would say so
+
+
 def test_the_worker_has_unshare(images: Images) -> None:
     """The coding environment's sandbox isolates solutions with `unshare --net` where the
     kernel allows it (mtrl_worker.environments.sandbox), from util-linux in the base."""
