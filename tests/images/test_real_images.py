@@ -45,7 +45,8 @@ CASES = [(name, argv) for name in NAMES for argv in COMMANDS[name]]
 # directory when imported (dill, through torch and datasets: tempfile.gettempdir() writes a file
 # to find one), so a read-only trainer needs /tmp mounted, as the chart mounts the operator's.
 # Its pods keep a writable root (docs/images.md); the operator and the worker need nothing.
-WRITABLE = {"operator": (), "worker": (), "trainer": ("--tmpfs", "/tmp")}
+# `exec`, as an emptyDir is: torch.compile loads the kernels it builds from there.
+WRITABLE = {"operator": (), "worker": (), "trainer": ("--tmpfs", "/tmp:exec")}
 
 
 @pytest.mark.parametrize(("name", "argv"), CASES, ids=[f"{n}:{' '.join(a)}" for n, a in CASES])
@@ -195,3 +196,24 @@ def test_the_trainer_trains_a_tiny_policy_on_cpu(images: Images) -> None:
     done = images.run("trainer", ["python", "-c", POLICY_STEP], *WRITABLE["trainer"])
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     assert "Disabling PyTorch" not in done.stderr, done.stderr
+
+
+# What torch.compile needs of the image when the trainer compiles its decode step (on GPUs):
+# a name for uid 65532 (inductor calls getpass.getuser()) and a C compiler that builds and
+# links a shared object, as Triton does for its kernel launchers.
+COMPILER = """
+import ctypes, getpass, os, subprocess, tempfile
+print(getpass.getuser())
+with tempfile.TemporaryDirectory() as work:
+    source, library = os.path.join(work, "k.c"), os.path.join(work, "k.so")
+    with open(source, "w") as f:
+        f.write("#include <stdlib.h>\\nint k(void) { return abs(-7); }\\n")
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", library, source], check=True)
+    print(ctypes.CDLL(library).k())
+"""
+
+
+def test_the_trainer_has_what_torch_compile_needs(images: Images) -> None:
+    done = images.run("trainer", ["python", "-c", COMPILER], *WRITABLE["trainer"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["mtrl", "7"]
