@@ -86,6 +86,12 @@ SOAK_MINUTES ?= 30
 soak: install tools ## bounded soak (SOAK_MINUTES, default 30): flat memory, no leaks; result in BENCHMARKS.md
 	$(BIN)/python bench/soak.py --minutes $(SOAK_MINUTES)
 
+images: install ## build the operator, worker and trainer images on bases made here (installs and starts the project's Docker engine; cached per machine)
+	PYTHON=$(BIN)/python bash hack/build-images.sh
+
+docker-down: ## stop the project's Docker engine (hack/docker.sh), if it is running
+	bash hack/docker.sh down
+
 image-contents: install ## what each image's Python layer holds and its size, without Docker (downloads the wheels)
 	$(BIN)/python hack/image-contents.py
 
@@ -93,4 +99,4 @@ clean: ## remove the venv and local state (not the cached binaries)
 	rm -rf $(VENV) $(CLUSTER_DIR) out .pytest_cache .ruff_cache
 
 .PHONY: help install tools crds lint test cluster-up dev-up cluster-down moto demo e2e-kind bench bench-learning soak clean \
-	bench-wheels bench-wheels-cpu gpu-check image-contents
+	bench-wheels bench-wheels-cpu gpu-check images docker-down image-contents

@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
               "side in one run; the machine is shared and noisy, so read ratios, not "
               "absolutes.\n\n")
     body = header + "\n".join(sections)
-    for extra in ("SOAK.md", "NOTES.md"):  # the soak's last result (`make soak`), notes
+    # Measured by hand (images: `hack/build-images.sh`), the soak's last result (`make soak`),
+    # notes.
+    for extra in ("IMAGES.md", "SOAK.md", "NOTES.md"):
         path = REPO / "bench" / extra
         if path.exists():
             body += "\n" + path.read_text()

@@ -1,6 +1,6 @@
 """The Dockerfiles under images/ name only things the distribution has: console scripts, `mtrl`
-subcommands, `-m` modules, and repository paths to copy. No image is built here (CI has no
-Docker engine); these checks catch a rename that would break the build or the container."""
+subcommands, `-m` modules, and repository paths to copy. Read from the files, without a Docker
+engine: they catch a rename before a build does. test_real_images.py builds and runs them."""
 
 from __future__ import annotations
 
@@ -228,3 +228,31 @@ def test_worker_default_is_what_the_operator_runs() -> None:
 
 def test_trainer_default_is_what_the_operator_runs_on_one_8_gpu_node() -> None:
     assert command("trainer") == trainer_command(nodes=1, gpus=8)
+
+
+def test_the_trainer_pins_torch_to_the_installed_distribution() -> None:
+    """pip compares a pin with the installed distribution's version. `torch.__version__` is not
+    that: PyPI's torch 2.15.0 says 2.15.0+cu132, a version no index has, and the build failed
+    (seen when CI first built the image)."""
+    runs = [ins.args for ins in final_stage(parse(IMAGES / "trainer" / "Dockerfile"))
+            if ins.keyword == "RUN" and '"torch==' in ins.args]
+    assert runs
+    for args in runs:
+        assert "torch.__version__" not in args
+        assert "importlib.metadata" in args and 'version("torch")' in args, args
+
+
+def test_every_base_is_a_build_argument_defaulting_to_what_users_pull() -> None:
+    """CI builds on bases made on its own machine (hack/build-images.sh); users get these."""
+    defaults = {"operator": {"BASE_IMAGE": "python:3.11-slim"},
+                "worker": {"BASE_IMAGE": "python:3.11-slim"},
+                "trainer": {"BASE_IMAGE": "python:3.11-slim",
+                            "TRAINER_BASE_IMAGE": "pytorch/pytorch:"}}
+    for name in NAMES:
+        instructions = parse(IMAGES / name / "Dockerfile")
+        args = dict(ins.args.partition("=")[::2] for ins in instructions if ins.keyword == "ARG"
+                    and "=" in ins.args)
+        for arg, default in defaults[name].items():
+            assert args.get(arg, "").startswith(default), (name, arg, args)
+        froms = [ins.args.split()[0] for ins in instructions if ins.keyword == "FROM"]
+        assert all(f.startswith("${") and f.strip("${}") in defaults[name] for f in froms), froms
