@@ -51,6 +51,7 @@ from mtrl_operator.reconcile.draft import (
     EcsTask,
     Observed,
     TrainerObserved,
+    TrainerReport,
     TrainerState,
     WorkerProblem,
 )
@@ -98,8 +99,13 @@ class TrainerSeen:
     current: TrainerObserved | None
     workloads: dict[tuple[str, str], dict[str, Any]]
     progress: dict[str, Any] | None
+    report: TrainerReport | None  # what `progress` says of the launch that wrote it
     kind: str | None
     name: str | None
+
+
+def _report(progress: dict[str, Any] | None) -> TrainerReport | None:
+    return trainer_report(progress) if progress else None
 
 
 @dataclass(frozen=True)
@@ -393,7 +399,7 @@ class Controller:
             trainer_workloads=tuple(trainer.workloads), resources=refs,
             progress=progress_from_configmap(progress_cm) if progress_cm else None,
             namespace=names.namespace, name=names.name, uid=names.uid,
-            report=trainer_report(progress_cm) if progress_cm else None,
+            report=trainer.report,
             worker_problem=workers.problem, ecs_tasks=workers.tasks,
             task_definitions_listed=workers.definitions_listed,
             workers_stopped=workers.stopped,
@@ -476,16 +482,17 @@ class Controller:
                                            names.namespace) or progress
         if found is None:  # no current attempt: the refs name any workload that is left
             left: tuple[str | None, str | None] = next(iter(workloads), (None, None))
-            return TrainerSeen(None, workloads, progress, *left)
+            return TrainerSeen(None, workloads, progress, _report(progress), *left)
         (kind, name), obj = found
         current = launchers.observe(kind, obj, status.attempts)
-        if lookups.needs_live_report(current, trainer_report(progress) if progress else None,
-                                     status):
+        report = _report(progress)
+        if lookups.needs_live_report(current, report, status):
             # The workload's end can come through its watch before the trainer's last patch
             # of the report comes through the ConfigMap's: the verdict is read from the API
             # server, which had the report before the trainer exited.
             progress = await self.kube.get("ConfigMap", names.progress_config_map,
                                            names.namespace) or progress
+            report = _report(progress)
         if lookups.needs_trainer_pods(current, lookups.is_live(spec, status, deleting)):
             labels = {**names.labels("trainer"), LABEL_ATTEMPT: str(current.attempt)}
             pods = (await self.kube.labelled("Pod", names.namespace, labels)
@@ -497,7 +504,7 @@ class Controller:
             held = await self.kube.queue_workloads(names.namespace, obj["metadata"]["uid"])
             current = replace(current, message=queue_hold(spec.scheduling.queue_name or "",
                                                           held))
-        return TrainerSeen(current, workloads, progress, kind, name)
+        return TrainerSeen(current, workloads, progress, report, kind, name)
 
     async def _stopped_words(self, names: RunNames, spec: MultiTurnRLRunSpec,
                              tasks: list[EcsTask]) -> WorkerProblem | None:

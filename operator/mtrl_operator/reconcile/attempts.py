@@ -47,8 +47,8 @@ def this_launch(st: Draft) -> TrainerReport | None:
     """The trainer's report, if the current launch wrote it: it carries the launch number the
     operator gave that workload (MTRL_LAUNCH). A report of an earlier launch (the same attempt
     before a suspension, a predecessor that is gone) proves nothing about this one."""
-    report, launch = st.obs.report, st.s.trainer_launch
-    return report if report is not None and launch and report.launch == launch else None
+    report = st.obs.report
+    return report if report is not None and report.of_launch(st.s.trainer_launch) else None
 
 
 def evidence(st: Draft, spec: MultiTurnRLRunSpec) -> Evidence:

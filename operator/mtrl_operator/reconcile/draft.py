@@ -91,6 +91,11 @@ class TrainerReport:
     total_steps: int = 0
     trained_steps: int | None = None
 
+    def of_launch(self, launch: int) -> bool:
+        """Written by launch `launch` (the operator's numbers start at 1): the only report
+        that says anything about that workload."""
+        return launch > 0 and self.launch == launch
+
 
 @dataclass(frozen=True)
 class Observed:

@@ -91,7 +91,7 @@ def needs_live_report(trainer: TrainerObserved, report: TrainerReport | None,
     already is that launch's outcome, it is read from the API server (once per ending: the
     verdict that follows ends the attempt or the run)."""
     ended = trainer.state in (TrainerState.SUCCEEDED, TrainerState.FAILED)
-    return ended and not (report is not None and report.launch == status.trainer_launch
+    return ended and not (report is not None and report.of_launch(status.trainer_launch)
                           and report.outcome == SUCCEEDED_OUTCOME)
 
 
