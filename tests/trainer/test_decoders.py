@@ -177,6 +177,39 @@ def test_parked_prefixes_move_down_and_the_least_recently_used_is_evicted() -> N
     assert b3.reused_tokens == len(prompts[0]) + len(b2.token_ids) - 1
 
 
+@pytest.mark.parametrize("model_type", ["qwen2", "gpt_oss"])
+def test_a_group_s_shared_prompt_is_prefilled_once(model_type: str) -> None:
+    """GRPO's group: the same first prompt several times, admitted together. One is prefilled in
+    full; the others copy its keys and values and prefill one token. A prompt that shares only a
+    head (a system prompt) copies that much; one that shares too little copies nothing. Every
+    result is what a cold decode gives."""
+    model = tiny(model_type)
+    system = [(7 * i) % VOCAB for i in range(1, 25)]  # 24 tokens every prompt starts with
+    task = [*system, 3, 14, 15, 92, 65, 35, 89, 79]
+    other = [*system, 27, 18, 28]
+    short = [*system[:10], 50, 51]  # shares 10 < MIN_SHARED tokens
+    prompts = [task] * 4 + [other, short]
+    decoder = FastDecoder(model, rows=8, max_length=96, sync_every=4)
+    outs = decoder.generate(prompts, [6] * 6, GREEDY, keys=[f"e{i}" for i in range(6)])
+    assert_matches(model, outs, prompts, [6] * 6)
+    assert [o.reused_tokens for o in outs] == [0] + [len(task) - 1] * 3 + [len(system), 0]
+    assert decoder.shared_tokens == 3 * (len(task) - 1) + len(system)
+    assert decoder.prefilled_tokens == len(task) + 3 + (len(other) - len(system)) + len(short)
+    # A later episode of the same task copies from a parked row, and its own next turn still
+    # reuses its own prefix.
+    [late] = decoder.generate([task], [6], GREEDY, keys=["late"])
+    assert late.reused_tokens == len(task) - 1
+    turn2 = task + late.token_ids + [44, 45]
+    [again] = decoder.generate([turn2], [6], GREEDY, keys=["late"])
+    assert again.reused_tokens == len(task) + len(late.token_ids) - 1
+    assert_matches(model, [late, again], [task, turn2], [6, 6])
+    # Off, nothing is shared.
+    plain = FastDecoder(model, rows=8, max_length=96, sync_every=4, share_prompts=False)
+    assert [o.token_ids for o in plain.generate(prompts, [6] * 6, GREEDY)] == \
+        [o.token_ids for o in outs]
+    assert plain.shared_tokens == 0
+
+
 def test_decoding_stops_with_the_budget_not_the_sync_period() -> None:
     """Rows are handed back every `sync_every` steps, or sooner where a budget ends (at half the
     period at the least): a 12-token completion takes 11 decode steps (prefill samples the

@@ -22,6 +22,7 @@ class Decoder(Protocol):
     max_length: int
     steps: int
     prefilled_tokens: int
+    prefill_seconds: float  # wall time of prefills (on CUDA, of launching them)
     reused_tokens: int
     row_steps: int  # rows computed, summed over decode steps
     active_row_steps: int  # of them, rows still generating

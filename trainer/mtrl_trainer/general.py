@@ -10,6 +10,7 @@ batch runs until its longest member finishes (no continuous batching, no prefix 
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Sequence
 
@@ -33,6 +34,7 @@ class GeneralDecoder:
         self._pending: deque[Job] = deque()
         self.steps = 0
         self.prefilled_tokens = 0
+        self.prefill_seconds = 0.0
         self.reused_tokens = 0
         self.row_steps = 0
         self.active_row_steps = 0
@@ -85,10 +87,12 @@ class GeneralDecoder:
         budgets = torch.tensor([j.budget for j in jobs], device=dev)
         stops = torch.tensor(sorted(self.params.stop_token_ids) or [-1], device=dev)
         cache = DynamicCache(config=self.lm.config)
+        started = time.perf_counter()
         out = self.lm(input_ids=ids, attention_mask=mask, position_ids=positions,
                       past_key_values=cache, use_cache=True, logits_to_keep=1)
         self.prefilled_tokens += sum(len(j.prompt) for j in jobs)
         token, logprob = self._sample(out.logits[:, -1])
+        self.prefill_seconds += time.perf_counter() - started
         tokens, logprobs = [token], [logprob]
         done = torch.isin(token, stops) | (budgets <= 1)
         position = positions[:, -1]

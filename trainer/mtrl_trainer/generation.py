@@ -10,7 +10,10 @@ trainer attempt (a killed predecessor's episodes) are refused so their episodes 
 instead of spending decode time on samples nobody will train on.
 
 The engine holds the model lock from the moment it has work until the decoder is idle, so a
-weight update never lands in the middle of a completion; `update_policy` (called with the lock
+weight update never lands in the middle of a completion. While it holds the lock, fp32 weights
+have the LoRA adapter merged into them (`models.adapter_merged`; bench/step_speed.py measured
+it); in 16- or 8-bit weights the unmerge would not give the base weights back (each round trip
+rounds them again), so those sample with the adapter as it is; `update_policy` (called with the lock
 held, right after the optimizer step) drops the cached prefixes of the old weights and bumps the
 policy version every response carries.
 """
@@ -39,7 +42,7 @@ from mtrl_rollout.protocol import (
 )
 from mtrl_trainer.decoder import cache_length
 from mtrl_trainer.decoders import Decoder, make_decoder
-from mtrl_trainer.models import Policy
+from mtrl_trainer.models import Policy, adapter_merged
 from mtrl_trainer.sampling import Job, Sampled, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -83,6 +86,7 @@ class GenerationService:
         model_lock: threading.Lock,
         attempt: str,
         seed: int,
+        merge_adapter: bool | None = None,
     ) -> None:
         self._policy = policy
         self._sampling = sampling
@@ -92,7 +96,9 @@ class GenerationService:
         self.decoder: Decoder = make_decoder(
             policy.model, max_length=sampling.max_sequence_length,
             rows=rows_that_fit(base, sampling.max_sequence_length, sampling.max_batch))
-        device = next(base.parameters()).device
+        weight = next(base.parameters())
+        device = weight.device
+        self._merge = weight.dtype == torch.float32 if merge_adapter is None else merge_adapter
         self.decoder.configure(
             SamplingParams(sampling.temperature, sampling.top_p, policy.tokenizer.stop_token_ids),
             torch.Generator(device).manual_seed(seed))
@@ -206,7 +212,9 @@ class GenerationService:
                 self._version_in_use = self.policy_version
                 started = time.perf_counter()
                 try:
-                    self._drain()
+                    with adapter_merged(self._policy.model) if self._merge \
+                            else contextlib.nullcontext():
+                        self._drain()
                 except Exception as exc:
                     log.exception("decoding failed")
                     self.decoder.reset()

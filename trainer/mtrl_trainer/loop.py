@@ -521,10 +521,11 @@ class Run:
         self._reported_at, self._tokens_at, self._decoding_at = now, tokens, decoding
         return since
 
-    def _decoder_counters(self) -> tuple[int, int, int, int, int, float]:
+    def _decoder_counters(self) -> tuple[int, int, int, int, int, float, float, int, float]:
         d, service = self.service.decoder, self.service
         return (d.prefilled_tokens, d.reused_tokens, d.row_steps, d.active_row_steps,
-                service.sampled, service.sample_seconds)
+                service.sampled, service.sample_seconds, d.prefill_seconds, service.tokens,
+                service.decode_seconds)
 
     def _decoder_since_last_report(self) -> dict[str, float | None]:
         """Since the previous step's report, how well the decoder used its work: the share of
@@ -532,12 +533,22 @@ class Run:
         decode steps computed that were still generating (`decodeRowOccupancy`; the rest are
         idle rows below the highest busy one, computed for nothing); and how long a request
         took from reaching the sampler to its answer, waiting to be admitted included
-        (`turnSampleSeconds`, the trainer's part of the workers' `turnSeconds`)."""
+        (`turnSampleSeconds`, the trainer's part of the workers' `turnSeconds`); prefill and
+        sampling apart: prompt tokens computed per second of prefill
+        (`prefillTokensPerSecond`), completion tokens per second of the rest of decoding
+        (`sampleTokensPerSecond`)."""
         now = self._decoder_counters()
-        prefilled, reused, rows, active, sampled, sample_s = (
+        prefilled, reused, rows, active, sampled, sample_s, prefill_s, tokens, decode_s = (
             a - b for a, b in zip(now, self._decoder_at, strict=True))
         self._decoder_at = now
+        sampling_s = decode_s - prefill_s
         return {"prefixReuse": round(reused / (prefilled + reused), 4) if prefilled + reused
+                else None,
+                "prefilledTokens": prefilled,
+                "prefillSeconds": round(prefill_s, 3),
+                "prefillTokensPerSecond": round(prefilled / prefill_s, 1) if prefill_s > 0
+                else None,
+                "sampleTokensPerSecond": round(tokens / sampling_s, 1) if sampling_s > 0
                 else None,
                 "decodeRowOccupancy": round(active / rows, 4) if rows else None,
                 "turnSampleSeconds": round(sample_s / sampled, 4) if sampled else None}
