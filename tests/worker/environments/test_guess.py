@@ -69,6 +69,11 @@ def test_the_guess_is_the_first_number_in_range() -> None:
     assert extract_guess("Out of 100 I pick 75", 70, 89) == 75
     assert extract_guess("I pick 95 of 100", 70, 89) == 100  # none in range: told so
     assert extract_guess("no idea", 70, 89) is None
+    # the range restated is no guess; a guess beside it is
+    assert extract_guess("I'm thinking of a number from 70 to 89.", 70, 89) is None
+    assert extract_guess("A number between 70 and 89: 75", 70, 89) == 75
+    assert extract_guess("70-89? I say 80", 70, 89) == 80
+    assert extract_guess("70 to 80", 70, 89) == 70  # not the range
 
 
 @pytest.mark.parametrize("reply", [

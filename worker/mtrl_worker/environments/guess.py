@@ -77,8 +77,11 @@ _NUMBER = re.compile(r"-?\d+")
 def extract_guess(reply: str, low: int, high: int) -> int | None:
     """The reply's first whole number in [low, high], else its last number (told it is out of
     range), else None. Small models wrap their guess in words ("Let's start with 72."), and a
-    range check on the first number would punish the wrapping, not the guess."""
-    numbers = [int(n) for n in _NUMBER.findall(reply)]
+    range check on the first number would punish the wrapping, not the guess. The range itself
+    restated ("a number from 70 to 89") is no guess: SmolLM2-135M-Instruct often opens with it,
+    and reading `low` from it would pay a reply that copied the prompt."""
+    restated = re.compile(rf"\b{low}\s*(?:to|-|and)\s*{high}\b")
+    numbers = [int(n) for n in _NUMBER.findall(restated.sub(" ", reply))]
     in_range = [n for n in numbers if low <= n <= high]
     return in_range[0] if in_range else numbers[-1] if numbers else None
 
