@@ -1,7 +1,8 @@
 """One training run for a benchmark: the real trainer and one real worker over SQS and S3 (moto).
 
 `python -m mtrl_trainer` runs with the spec at $MTRL_CONFIG, as the operator runs it, and one
-`python -m mtrl_worker` plays the run's environment; the result is the run's metrics.jsonl.
+`python -m mtrl_worker` plays the run's environment; the result is the run's metrics.jsonl (and,
+asked for, other JSON-lines files of its output folder, such as eval.jsonl).
 """
 
 from __future__ import annotations
@@ -27,6 +28,15 @@ def train(spec: dict[str, Any], workdir: Path, label: str, *, timeout_s: float =
           environment_args: dict[str, Any] | None = None,
           worker_concurrency: int = 256) -> list[dict[str, Any]]:
     """Train `spec` (its output.s3Uri's bucket is made here) and return its metrics.jsonl."""
+    return train_outputs(spec, workdir, label, timeout_s=timeout_s,
+                         environment_args=environment_args,
+                         worker_concurrency=worker_concurrency)["metrics.jsonl"]
+
+
+def train_outputs(spec: dict[str, Any], workdir: Path, label: str, *, timeout_s: float = 1800,
+                  environment_args: dict[str, Any] | None = None, worker_concurrency: int = 256,
+                  files: tuple[str, ...] = ("metrics.jsonl",)) -> dict[str, list[dict[str, Any]]]:
+    """Train `spec` and return the JSON-lines `files` of its output folder, by name."""
     prefix = f"{label}-{uuid.uuid4().hex[:8]}"
     run_id = f"uid-{prefix}"
     queues = create_run_queues(boto3.client("sqs"), prefix,
@@ -63,9 +73,11 @@ def train(spec: dict[str, Any], workdir: Path, label: str, *, timeout_s: float =
     if code:
         tail = (workdir / f"{prefix}-trainer.log").read_text(errors="replace")[-2000:]
         raise SystemExit(f"the trainer of {label} exited {code}:\n{tail}")
-    key = f"run/bench/bench/{run_id}/metrics.jsonl"
-    body = s3.get_object(Bucket=prefix, Key=key)["Body"].read().decode()
-    return [json.loads(line) for line in body.splitlines()]
+    out = {}
+    for name in files:
+        body = s3.get_object(Bucket=prefix, Key=f"run/bench/bench/{run_id}/{name}")["Body"]
+        out[name] = [json.loads(line) for line in body.read().decode().splitlines()]
+    return out
 
 
 class SqsProbe:

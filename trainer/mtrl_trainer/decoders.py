@@ -26,6 +26,8 @@ class Decoder(Protocol):
     reused_tokens: int
     row_steps: int  # rows computed, summed over decode steps
     active_row_steps: int  # of them, rows still generating
+    params: SamplingParams  # as configured
+    generator: torch.Generator | None
 
     @property
     def busy(self) -> bool: ...

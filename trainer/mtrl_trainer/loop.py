@@ -23,7 +23,7 @@ from mtrl_api import EPISODES_FAILED_PREFIX, NOTHING_TRAINED_PREFIX
 from mtrl_rollout.batching import Outbox
 from mtrl_rollout.generation import GenerationServer
 from mtrl_rollout.offload import Codec
-from mtrl_rollout.protocol import RolloutResult
+from mtrl_rollout.protocol import GenerateRequest, GenerateResponse, RolloutResult
 from mtrl_rollout.ratelimit import TokenBucket
 from mtrl_rollout.results import ResultCollector
 from mtrl_rollout.sqs import Sqs
@@ -39,6 +39,7 @@ from mtrl_trainer.checkpoint import (
 from mtrl_trainer.config import ConfigError, TrainerConfig
 from mtrl_trainer.dataset import Tasks, load_tasks
 from mtrl_trainer.distributed import World, broadcast, device_for
+from mtrl_trainer.evaluation import Evaluation, evaluation, plays
 from mtrl_trainer.generation import GenerationService, SamplingConfig
 from mtrl_trainer.grpo import group_advantages, turn_advantages
 from mtrl_trainer.logprobs import SequenceLogprobs
@@ -46,20 +47,16 @@ from mtrl_trainer.models import Policy, load_policy
 from mtrl_trainer.orchestration import Orchestrator, Pending, Rollouts, RolloutSettings
 from mtrl_trainer.progress import (
     ConfigMapSink,
+    EvaluationLog,
     FileSink,
     MetricsHistory,
     Progress,
     ProgressReport,
     ProgressSink,
 )
+from mtrl_trainer.sampling import SamplingParams
 from mtrl_trainer.sharding import Endpoint, ShardRouter, serve_share
-from mtrl_trainer.stats import (
-    components,
-    mean_std,
-    success_rate,
-    turn_seconds,
-    validation_pass_at_k,
-)
+from mtrl_trainer.stats import components, mean_std, success_rate, turn_seconds
 from mtrl_trainer.update import UpdateConfig, UpdateStats, lora_parameters, train_step
 
 log = logging.getLogger(__name__)
@@ -221,6 +218,7 @@ class Run:
         self._last_failure = ""
         self._zero_variance_seen = False
         self._checkpointed_step = self.state.step
+        self._greedy_now = False  # a greedy evaluation plays: rank 0 samples every request
         self.update_config = UpdateConfig(
             epsilon=grpo.epsilon, epsilon_high=grpo.epsilon_high, beta=grpo.kl_beta,
             temperature=grpo.temperature, micro_batches=grpo.gradient_accumulation_steps,
@@ -314,7 +312,12 @@ class Run:
         if self.endpoint is not None:
             await router.start(self.endpoint)
         rate = spec.rollout.max_policy_requests_per_second
-        server = GenerationServer(sqs, config.generate_queue_url, config.dlq_url, router.sample,
+
+        async def sample(request: GenerateRequest) -> GenerateResponse:
+            # Only rank 0's decoder turns greedy for a greedy evaluation: it serves them all.
+            return await (service.sample if self._greedy_now else router.sample)(request)
+
+        server = GenerationServer(sqs, config.generate_queue_url, config.dlq_url, sample,
                                   codec=codec, rate=TokenBucket(rate) if rate else None)
         orchestrator = Orchestrator(RolloutSettings(
             run_id=config.run_id, attempt=config.attempt,
@@ -328,6 +331,7 @@ class Run:
         ), outbox, collector, codec)
         progress = Progress(self._sinks(), attempt=config.operator_attempt,
                             launch=config.operator_launch)
+        self._evaluations = EvaluationLog(config.output_uri, self.state.step)
         stop = asyncio.Event()
         serving = asyncio.create_task(server.serve(stop))
         self._reported_at = time.monotonic()
@@ -379,16 +383,55 @@ class Run:
                              progress: Progress) -> None:
         """spec.dataset.evalOnStart: the validation split played by the base policy, reported
         as step 0 ("b": its sample ids are apart from the later evaluations')."""
-        ks, total = self.config.spec.dataset.eval_pass_at_k, self.config.spec.grpo.max_steps
-        played = await self._interruptible(orchestrator.play("b", 0, tasks.validation, max(ks), 0))
-        validation = success_rate(played.results)
+        total = self.config.spec.grpo.max_steps
+        result = await self._evaluate("b", 0, tasks, orchestrator)
         log.info("step 0/%d validation success %s before training", total,
-                 "-" if validation is None else f"{validation:.4f}")
+                 "-" if result.success_rate is None else f"{result.success_rate:.4f}")
         progress.report(ProgressReport(
             step=0, total_steps=total, reward_mean=None, reward_std=None, success_rate=None,
-            zero_variance_fraction=None, validation_success_rate=validation,
-            validation_pass_at_k=validation_pass_at_k(played.results, ks),
+            zero_variance_fraction=None, validation_success_rate=result.success_rate,
+            validation_pass_at_k=result.pass_at_k,
+            validation_greedy_success_rate=result.greedy_success_rate,
             tokens_per_second=None, components=[], policy_version=0))
+
+    async def _evaluate(self, kind: str, step: int, tasks: Tasks,
+                        orchestrator: Orchestrator) -> Evaluation:
+        """The validation split played by the policy of step `step` (0: the base policy): each
+        task max(evalPassAtK) times at the run's temperature, then (dataset.evalGreedy) once
+        greedily; every play goes to eval.jsonl. `kind` keeps the sample ids apart."""
+        dataset, version = self.config.spec.dataset, self.state.step
+        ks, first = dataset.eval_pass_at_k, max(step - 1, 0)
+        sampled = await self._interruptible(orchestrator.play(
+            kind, first, tasks.validation, max(ks), version))
+        self._evaluations.add(step, plays(step, "sampled", sampled.results))
+        if not dataset.eval_greedy:
+            return evaluation(sampled.results, ks, None)
+        async with self._greedy():
+            greedy = await self._interruptible(orchestrator.play(
+                f"{kind}g", first, tasks.validation, 1, version))
+        self._evaluations.add(step, plays(step, "greedy", greedy.results))
+        return evaluation(sampled.results, ks, greedy.results)
+
+    @contextlib.asynccontextmanager
+    async def _greedy(self) -> AsyncIterator[None]:
+        """Rank 0's sampler decodes greedily, and serves every request, until the block ends.
+        Nothing else is sampled meanwhile: dataset.evalGreedy needs maxStepsOffPolicy 0, and a
+        straggler of a step already gathered is never trained on."""
+        decoder = self.service.decoder
+        params, generator = decoder.params, decoder.generator
+        await asyncio.to_thread(self._configure_sampler,
+                                dataclasses.replace(params, temperature=0.0), generator)
+        self._greedy_now = True
+        try:
+            yield
+        finally:
+            self._greedy_now = False
+            await asyncio.to_thread(self._configure_sampler, params, generator)
+
+    def _configure_sampler(self, params: SamplingParams, generator: torch.Generator | None
+                           ) -> None:
+        with self.model_lock:  # the engine holds it while anything decodes
+            self.service.decoder.configure(params, generator)
 
     async def _sample(
         self, step: int, pending: Pending, tasks: Tasks, orchestrator: Orchestrator,
@@ -427,7 +470,7 @@ class Run:
         self.state.step = step + 1
         self.state.trained_steps += stats is not None
         self._zero_variance_seen |= prepared.zero_variance_groups > 0
-        validation, passes = await self._validate_if_due(tasks, orchestrator)
+        evaluated = await self._validate_if_due(tasks, orchestrator)
         rewards = [r.aggregate_reward_score for r in rollouts.results]
         reward_mean, reward_std = mean_std(rewards)
         step_s, tokens_sampled, decode_s = self._since_last_report()
@@ -474,7 +517,9 @@ class Run:
             reward_std=reward_std, success_rate=success_rate(rollouts.results),
             zero_variance_fraction=(prepared.zero_variance_groups / prepared.groups
                                     if prepared.groups else None),
-            validation_success_rate=validation, validation_pass_at_k=passes,
+            validation_success_rate=evaluated.success_rate,
+            validation_pass_at_k=evaluated.pass_at_k,
+            validation_greedy_success_rate=evaluated.greedy_success_rate,
             tokens_per_second=tokens_sampled / decode_s if decode_s else None,
             components=components(rollouts.results), policy_version=self.state.step,
             training=training, failed_episode_fraction=failed,
@@ -482,22 +527,18 @@ class Run:
         ))
         await self._close_step(progress)
 
-    async def _validate_if_due(self, tasks: Tasks, orchestrator: Orchestrator
-                               ) -> tuple[float | None, dict[int, float]]:
+    async def _validate_if_due(self, tasks: Tasks, orchestrator: Orchestrator) -> Evaluation:
         """After step `state.step`: the validation split played, every evalIntervalSteps and at
-        the end (success rate and pass@k); SIGTERM meanwhile skips it, since the step trained
-        and is reported and saved."""
+        the end (success rate, pass@k and the greedy success rate); SIGTERM meanwhile skips it,
+        since the step trained and is reported and saved."""
         spec, step = self.config.spec, self.state.step
         interval = spec.dataset.eval_interval_steps
         if not (tasks.validation and interval and (step % interval == 0
                                                    or step == spec.grpo.max_steps)):
-            return None, {}
-        ks = spec.dataset.eval_pass_at_k
+            return Evaluation()
         with contextlib.suppress(Terminated):
-            played = await self._interruptible(orchestrator.play(
-                "v", step - 1, tasks.validation, max(ks), step))
-            return success_rate(played.results), validation_pass_at_k(played.results, ks)
-        return None, {}
+            return await self._evaluate("v", step, tasks, orchestrator)
+        return Evaluation()
 
     async def _close_step(self, progress: Progress) -> None:
         """After a step's report: its checkpoint when due (or SIGTERM came), then the end of the

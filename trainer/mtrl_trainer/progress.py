@@ -47,6 +47,7 @@ class ProgressReport:
     components: list[ComponentReport]
     policy_version: int
     validation_pass_at_k: dict[int, float] = field(default_factory=dict)
+    validation_greedy_success_rate: float | None = None  # dataset.evalGreedy
     # How the step trained (camelCase keys): off-policy lag, importance weights, time split.
     # They go to metrics.jsonl and the progress ConfigMap; status keeps the fields above.
     training: dict[str, Any] = field(default_factory=dict)
@@ -66,6 +67,7 @@ class ProgressReport:
             "validationSuccessRate": self.validation_success_rate,
             "validationPassAtK": [{"k": k, "value": v}
                                   for k, v in sorted(self.validation_pass_at_k.items())],
+            "validationGreedySuccessRate": self.validation_greedy_success_rate,
             "tokensPerSecond": self.tokens_per_second,
             "components": [
                 {"name": c.name, "mean": c.mean, "std": c.std,
@@ -114,13 +116,12 @@ class ConfigMapSink:
                            patch_type=PatchType.MERGE)
 
 
-class MetricsHistory:
-    """Every step's report, one JSON line per step, in <run's output folder>/metrics.jsonl.
-    S3 has no append: the object is rewritten after each step (a few hundred bytes a step).
-    A resumed trainer keeps the lines of the steps its checkpoint holds and drops the later
-    ones, which it trains again."""
+class StepLines:
+    """JSON lines grouped by step in one object of the run's output folder. S3 has no append:
+    the object is rewritten whenever a step's lines change. A resumed trainer keeps the lines of
+    the steps its checkpoint holds and drops the later ones, which it plays again."""
 
-    KEY = "metrics.jsonl"
+    KEY: str
 
     def __init__(self, output_uri: str, resumed_step: int, client: Any | None = None) -> None:
         from mtrl_trainer import s3
@@ -128,7 +129,7 @@ class MetricsHistory:
         self._s3 = client or s3.client()
         self.bucket, prefix = s3.parse_s3_uri(output_uri)
         self.key = s3.join(prefix, self.KEY)
-        self._lines: dict[int, str] = {}
+        self._lines: dict[int, list[str]] = {}
         if resumed_step:
             try:
                 body = self._s3.get_object(Bucket=self.bucket, Key=self.key)["Body"].read()
@@ -137,12 +138,39 @@ class MetricsHistory:
             for line in body.decode().splitlines():
                 step = json.loads(line).get("step", 0)
                 if step <= resumed_step:
-                    self._lines[step] = line
+                    self._lines.setdefault(step, []).append(line)
+
+    def put(self, step: int, bodies: list[dict[str, Any]]) -> None:
+        """Step `step`'s lines are `bodies` (replacing any it had)."""
+        self._lines[step] = [json.dumps(body) for body in bodies]
+        self._write()
+
+    def _write(self) -> None:
+        text = "".join(f"{line}\n" for step in sorted(self._lines) for line in self._lines[step])
+        self._s3.put_object(Bucket=self.bucket, Key=self.key, Body=text.encode())
+
+
+class MetricsHistory(StepLines):
+    """Every step's report, one JSON line per step, in <run's output folder>/metrics.jsonl (a
+    few hundred bytes a step)."""
+
+    KEY = "metrics.jsonl"
 
     def report(self, body: dict[str, Any]) -> None:
-        self._lines[body["step"]] = json.dumps(body)
-        text = "".join(f"{self._lines[step]}\n" for step in sorted(self._lines))
-        self._s3.put_object(Bucket=self.bucket, Key=self.key, Body=text.encode())
+        self.put(body["step"], [body])
+
+
+class EvaluationLog(StepLines):
+    """Every play of every held-out evaluation, one JSON line each, in <run's output folder>/
+    eval.jsonl: the per-game results that a paired comparison of two evaluations (before and
+    after training, greedy and sampled) needs, which the rates in metrics.jsonl average away."""
+
+    KEY = "eval.jsonl"
+
+    def add(self, step: int, plays: list[dict[str, Any]]) -> None:
+        """More plays of the evaluation after step `step` (sampled, then greedy)."""
+        self._lines.setdefault(step, []).extend(json.dumps(play) for play in plays)
+        self._write()
 
 
 SUCCEEDED = "Succeeded"

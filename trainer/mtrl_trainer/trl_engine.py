@@ -295,8 +295,7 @@ class TrlRun(Run):
         # TRL steps its optimizer whatever the advantages; all-zero ones change nothing.
         self.state.trained_steps += flat.count(False) > 0
         self._zero_variance_seen |= any(flat)
-        validation, passes = self._on_loop(self._validate_if_due(self._tasks,
-                                                                self._orchestrator))
+        evaluated = self._on_loop(self._validate_if_due(self._tasks, self._orchestrator))
         self.state.history.append({
             "step": step, "attempt": self.config.attempt, "policyVersion": step - 1,
             "rewardMean": reward_mean, "updated": True, "loss": logs.get("loss"),
@@ -309,7 +308,9 @@ class TrlRun(Run):
             step=step, total_steps=grpo.max_steps, reward_mean=reward_mean,
             reward_std=reward_std, success_rate=success_rate(rollouts.results),
             zero_variance_fraction=sum(flat) / len(flat) if flat else None,
-            validation_success_rate=validation, validation_pass_at_k=passes,
+            validation_success_rate=evaluated.success_rate,
+            validation_pass_at_k=evaluated.pass_at_k,
+            validation_greedy_success_rate=evaluated.greedy_success_rate,
             tokens_per_second=tokens_sampled / decode_s if decode_s else None,
             components=components(rollouts.results),
             policy_version=step, failed_episode_fraction=failed,

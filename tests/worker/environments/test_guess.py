@@ -1,11 +1,19 @@
 import asyncio
 import itertools
 import random
+from pathlib import Path
 
 import pytest
 
 from mtrl_worker.environments.base import Completion, EpisodeLimits
-from mtrl_worker.environments.guess import GuessEnvironment, GuessGame, extract_guess
+from mtrl_worker.environments.guess import (
+    TURN_CONSISTENT,
+    TURN_VALID,
+    GuessEnvironment,
+    GuessGame,
+    example_game,
+    extract_guess,
+)
 from mtrl_worker.rewards import compose, resolve_weights
 
 WEIGHTS = resolve_weights(GuessEnvironment.components, {})
@@ -35,6 +43,8 @@ def test_binary_search_wins_and_the_answers_guide_it() -> None:
     score = episode.score()
     assert score.components == {"solved": 1.0, "speed": 0.5, "consistent": 1.0,
                                 "invalid_or_repeated": 0.0}
+    clean = TURN_VALID + TURN_CONSISTENT
+    assert score.turn_rewards == pytest.approx([clean, clean, clean, clean + 1 + 3 / 6])
 
 
 def test_invalid_repeated_and_inconsistent_guesses_are_told_and_scored() -> None:
@@ -48,6 +58,10 @@ def test_invalid_repeated_and_inconsistent_guesses_are_told_and_scored() -> None
     assert game.over and not game.solved
     assert game.score().components == pytest.approx({
         "solved": 0.0, "speed": 0.0, "consistent": 2 / 3, "invalid_or_repeated": -3 / 6})
+    # each reply its own credit: nothing for the invalid and repeated ones, less for the
+    # guess that ignored "Lower."
+    clean = TURN_VALID + TURN_CONSISTENT
+    assert game.score().turn_rewards == pytest.approx([0, 0, clean, 0, TURN_VALID, clean])
 
 
 def test_the_guess_is_the_first_number_in_range() -> None:
@@ -55,16 +69,57 @@ def test_the_guess_is_the_first_number_in_range() -> None:
     assert extract_guess("Out of 100 I pick 75", 70, 89) == 75
     assert extract_guess("I pick 95 of 100", 70, 89) == 100  # none in range: told so
     assert extract_guess("no idea", 70, 89) is None
+    # the range restated is no guess; a guess beside it is
+    assert extract_guess("I'm thinking of a number from 70 to 89.", 70, 89) is None
+    assert extract_guess("A number between 70 and 89: 75", 70, 89) == 75
+    assert extract_guess("70-89? I say 80", 70, 89) == 80
+    assert extract_guess("70 to 80", 70, 89) == 70  # not the range
 
 
-def _random_game(rng: random.Random, max_guesses: int) -> tuple[int, bool, float]:
+@pytest.mark.parametrize("reply", [
+    "79", "79.", "You: 79", "**79**", "My guess is 79.", "Guess: 79 (from 70 to 89)",
+    "You: 79\nMe: Higher. 5 guesses left.\nYou: 84",  # a small model playing on, as the example
+])
+def test_replies_in_the_shape_of_the_prompt_and_its_example_are_read(reply: str) -> None:
+    assert extract_guess(reply, 70, 89) == 79
+
+
+def test_the_prompt_states_the_rules_and_an_example_game_that_is_not_this_one() -> None:
+    episode = GuessEnvironment().episode({"secret": "50", "low": "37", "high": "56"},
+                                         EpisodeLimits(16, 10_000))
+    (opening,) = episode.opening
+    prompt = opening.content
+    assert opening.role == "user"
+    assert "from 37 to 56" in prompt and "at most 6 tries" in prompt
+    assert '"Higher." (my number is bigger)' in prompt and "wastes a try" in prompt
+    example = prompt.split("where my number was ")[1]
+    assert example.startswith("42:\nYou: 46\nMe: Lower. 5 guesses left.\nYou: 41\n")
+    assert "You: 42\nMe: Correct!\n\nNow a new game" in example
+
+
+def test_docs_show_exactly_what_the_model_sees() -> None:
+    docs = (Path(__file__).parents[3] / "docs" / "environments.md").read_text()
+    shown = docs.split("### `guess`")[1].split("```text\n")[1].split("\n```")[0]
+    episode = GuessEnvironment().episode({"secret": "12", "low": "1", "high": "20"},
+                                         EpisodeLimits(16, 10_000))
+    assert shown == episode.opening[0].content
+
+
+@pytest.mark.parametrize("secret", range(1, 21))
+def test_the_example_is_won_by_halving_and_never_gives_the_secret_away(secret: int) -> None:
+    example_secret, lines = example_game(1, 20, secret, 6)
+    assert example_secret != secret
+    assert lines[-1] == "Me: Correct!" and len(lines) >= 6  # it shows more than one answer
+    assert any("Higher." in line for line in lines) and any("Lower." in line for line in lines)
+
+
+def _random_game(rng: random.Random, max_guesses: int) -> GuessGame:
     low = rng.randint(1, 81)
     game = GuessGame(low + rng.randrange(20), low, low + 19, max_guesses)
     while not game.over:
         game.play(rng.choice(["x", "0", str(rng.randint(low - 2, low + 21)),
                               str(rng.choice(range(game.allowed[0], game.allowed[1] + 1)))]))
-    total, _ = compose(game.score(), GuessEnvironment.components, WEIGHTS, (0.0, 1.0))
-    return game.turns, game.solved, total
+    return game
 
 
 @pytest.mark.parametrize("max_guesses", [1, 2, 6, 10])
@@ -73,13 +128,42 @@ def test_a_faster_win_beats_a_slower_one_and_any_win_beats_a_loss(max_guesses: i
     wins: dict[int, list[float]] = {}
     losses: list[float] = []
     for _ in range(20_000):
-        turns, solved, total = _random_game(rng, max_guesses)
-        (wins.setdefault(turns, []) if solved else losses).append(total)
+        game = _random_game(rng, max_guesses)
+        total, _ = compose(game.score(), GuessEnvironment.components, WEIGHTS, (0.0, 1.0))
+        (wins.setdefault(game.turns, []) if game.solved else losses).append(total)
     lengths = sorted(wins)
     assert len(lengths) == max_guesses  # every win length was played
     for faster, slower in itertools.pairwise(lengths):
         assert min(wins[faster]) > max(wins[slower])
     assert min(wins[lengths[-1]]) > max(losses)
+
+
+@pytest.mark.parametrize("max_guesses", [1, 2, 6, 10])
+def test_turn_rewards_summed_over_a_game_rank_any_win_over_any_loss(max_guesses: int) -> None:
+    """What a game's first turn is credited with under return-to-go: a win beats a loss
+    however it was played; and between games without an invalid or repeated reply, a win in
+    fewer turns beats one in more where every guess was valid, new and consistent (a slower
+    game with better turns may earn more than a faster one with worse)."""
+    rng = random.Random(100 + max_guesses)
+    wins: dict[int, list[float]] = {}
+    clean_wins: dict[int, list[float]] = {}
+    losses: list[float] = []
+    for _ in range(20_000):
+        game = _random_game(rng, max_guesses)
+        turn_rewards = game.score().turn_rewards
+        assert turn_rewards is not None and len(turn_rewards) == game.turns
+        total = sum(turn_rewards)
+        if not game.solved:
+            losses.append(total)
+            continue
+        wins.setdefault(game.turns, []).append(total)
+        if game.consistent == game.turns:
+            clean_wins.setdefault(game.turns, []).append(total)
+    assert min(min(w) for w in wins.values()) > max(losses)
+    lengths = sorted(clean_wins)
+    assert len(lengths) >= min(max_guesses, 7)  # long games without a slip are rare at random
+    for faster, slower in itertools.pairwise(lengths):
+        assert min(clean_wins[faster]) > max(clean_wins[slower])
 
 
 def test_generated_tasks_hold_out_a_tenth_and_repeat_in_a_fixed_order() -> None:

@@ -13,10 +13,32 @@ Rules: a reply's guess is its first whole number in the range. Every reply takes
 number in the range is invalid, a number guessed before is repeated; both are told so and
 penalised. Otherwise the answer is "Higher.", "Lower." or "Correct!" (which ends the game).
 
-Reward order, for every task and default weights, T <= 10 (tests/worker/environments/
-test_guess.py checks it over random whole games): a win in fewer turns > a win in more turns >
-a loss. The speed step between two win lengths (1/T) exceeds the most that shaping
-(`consistent`, 0.05) and the penalty of the faster win (0.05 * (T-2)/T) can take back.
+The prompt states these rules and shows one example game in the task's own range, played by
+halving and answered in the game's own words (`example_game`), so a small model starts from a
+reply format it can copy: the first number of a reply is its guess, and the example's first
+guess (the middle of the range) is also the best one. The example's secret is fixed by the range
+alone (just below three quarters of the way up, or just above a quarter where that is the
+task's secret), so the example never gives the answer away.
+
+Episode reward (the components, for the metrics and `advantageLevel: episode`). Its order, for
+every task and default weights, T <= 10 (tests/worker/environments/test_guess.py checks it over
+random whole games): a win in fewer turns > a win in more turns > a loss. The speed step between
+two win lengths (1/T) exceeds the most that shaping (`consistent`, 0.05) and the penalty of the
+faster win (0.05 * (T-2)/T) can take back.
+
+Turn rewards (`Score.turn_rewards`, what `grpo.advantageLevel: turn` trains on). One episode
+reward gives every reply of a game the same advantage, so a valid reply and five invalid ones
+in one game share the credit and validity counts only through 0.05-weighted terms. Per turn:
+- TURN_VALID (0.04) for a valid new guess (a number in the range not guessed before), 0 for an
+  invalid or repeated reply;
+- TURN_CONSISTENT (0.04) more when that guess lies in the range the answers so far leave;
+- the win, on the turn it happens: 1 + (T - turn + 1) / T (the episode's `solved` + `speed`).
+With return-to-go credit (the trainer sums a turn's reward and the later ones), the sum over a
+whole game keeps the episode's order where it matters (checked by the same random games): any
+win > any loss, since a clean turn earns at most 0.08 and T <= 10 of them stay below the win's
+least, 1 + 1/T; and between two games whose every guess was valid, new and consistent, a win in
+fewer turns > a win in more, since one such turn more earns 0.08 < 1/T, the speed step. (A
+slower game with better turns may earn more than a faster one with worse: that is the credit.)
 """
 
 from __future__ import annotations
@@ -37,10 +59,17 @@ SPAN = 20  # numbers in a generated task's range
 LOWEST, HIGHEST = 1, 100  # generated ranges lie inside these
 GENERATED_SEED = 0  # fixed: a run's generated tasks must not change when it resumes
 
+TURN_VALID = 0.04  # a turn's reward for a valid new guess
+TURN_CONSISTENT = 0.04  # and for one inside the range the answers so far leave
+
 PROMPT = (
     "Let's play a game. I'm thinking of a whole number from {low} to {high}. Guess it in at "
-    "most {turns} tries: after each guess I'll tell you whether my number is higher or lower. "
-    "Reply with just your guess, a single number."
+    "most {turns} tries. Reply with just your guess, a single number from {low} to {high}. "
+    "After each guess I answer \"Higher.\" (my number is bigger), \"Lower.\" (my number is "
+    "smaller) or \"Correct!\". A reply without a number from {low} to {high}, or a number you "
+    "guessed before, wastes a try. Each answer halves what is left if you guess the middle of "
+    "the numbers still possible.\n\nAn example game, where my number was {example_secret}:\n"
+    "{example}\n\nNow a new game with a new number from {low} to {high}. Your first guess?"
 )
 _NUMBER = re.compile(r"-?\d+")
 
@@ -48,8 +77,11 @@ _NUMBER = re.compile(r"-?\d+")
 def extract_guess(reply: str, low: int, high: int) -> int | None:
     """The reply's first whole number in [low, high], else its last number (told it is out of
     range), else None. Small models wrap their guess in words ("Let's start with 72."), and a
-    range check on the first number would punish the wrapping, not the guess."""
-    numbers = [int(n) for n in _NUMBER.findall(reply)]
+    range check on the first number would punish the wrapping, not the guess. The range itself
+    restated ("a number from 70 to 89") is no guess: SmolLM2-135M-Instruct often opens with it,
+    and reading `low` from it would pay a reply that copied the prompt."""
+    restated = re.compile(rf"\b{low}\s*(?:to|-|and)\s*{high}\b")
+    numbers = [int(n) for n in _NUMBER.findall(restated.sub(" ", reply))]
     in_range = [n for n in numbers if low <= n <= high]
     return in_range[0] if in_range else numbers[-1] if numbers else None
 
@@ -64,6 +96,17 @@ class GuessGame(GuessingGame[int | None]):
         self.secret, self.low, self.high = secret, low, high
         self.allowed = (low, high)  # what the answers so far leave possible
         self.consistent = 0  # valid guesses inside `allowed` when made
+        self.turn_rewards: list[float] = []
+
+    def play(self, reply: str) -> str:
+        new, consistent = len(self.guesses), self.consistent
+        answer = super().play(reply)
+        reward = (TURN_VALID * (len(self.guesses) > new)
+                  + TURN_CONSISTENT * (self.consistent > consistent))
+        if self.solved:  # on this turn: the game is over once it is won
+            reward += 1.0 + (self.max_guesses - self.turns + 1) / self.max_guesses
+        self.turn_rewards.append(reward)
+        return answer
 
     def read(self, reply: str) -> int | None:
         return extract_guess(reply, self.low, self.high)
@@ -100,7 +143,31 @@ class GuessGame(GuessingGame[int | None]):
                 "invalid_or_repeated": -(self.invalid + self.repeated) / t,
             },
             metrics=self.metrics(),
+            turn_rewards=list(self.turn_rewards),
         )
+
+
+def example_game(low: int, high: int, secret: int, max_guesses: int) -> tuple[int, list[str]]:
+    """The prompt's example: its secret and its lines, a game played by halving the numbers
+    still possible and answered by the game itself. The secret is fixed by the range (just
+    below three quarters of the way up, or just above a quarter where that is the task's
+    `secret`): in a range of 20 halving then meets "Higher." and "Lower." before it wins."""
+    example_secret = max(low, low + 3 * (high - low) // 4 - 1)
+    if example_secret == secret:
+        example_secret = min(high, low + (high - low) // 4 + 1)
+    game = GuessGame(example_secret, low, high, max_guesses)
+    lines = []
+    while not game.over:
+        guess = (game.allowed[0] + game.allowed[1]) // 2
+        lines += [f"You: {guess}", f"Me: {game.play(str(guess))}"]
+    return example_secret, lines
+
+
+def prompt(game: GuessGame) -> str:
+    """What the model sees before its first guess: the rules and one example game."""
+    example_secret, lines = example_game(game.low, game.high, game.secret, game.max_guesses)
+    return PROMPT.format(low=game.low, high=game.high, turns=game.max_guesses,
+                         example_secret=example_secret, example="\n".join(lines))
 
 
 class GuessEnvironment(Environment):
@@ -131,8 +198,7 @@ class GuessEnvironment(Environment):
         game = GuessGame(int(task["secret"]), int(task.get("low", 1)), int(task.get("high", SPAN)),
                          min(self.max_guesses, limits.max_turns))
         # One user message, no system prompt: small instruction-tuned models follow it better.
-        return GameEpisode(game, [ChatMessage(role="user", content=PROMPT.format(
-            low=game.low, high=game.high, turns=game.max_guesses))])
+        return GameEpisode(game, [ChatMessage(role="user", content=prompt(game))])
 
     @classmethod
     def generate_tasks(cls, count: int, split: str) -> list[dict[str, Any]]:

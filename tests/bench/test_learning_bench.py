@@ -1,0 +1,121 @@
+"""bench/learning_bench.py's statistics, as pure functions: the random-valid baseline, the
+bootstrap intervals, a seed's summary from metrics.jsonl and eval.jsonl, and learning.json."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))  # the benches import as scripts
+
+import learning_bench as bench
+
+
+@pytest.mark.parametrize(("guesses", "span", "expected"), [(6, 20, 0.3), (5, 20, 0.25),
+                                                           (1, 20, 0.05), (25, 20, 1.0)])
+def test_the_random_valid_baseline_is_guesses_over_the_range(guesses: int, span: int,
+                                                             expected: float) -> None:
+    assert bench.random_valid_baseline(guesses, span) == pytest.approx(expected)
+
+
+def test_the_baseline_is_what_random_distinct_guesses_win_in_the_game_itself() -> None:
+    rng = random.Random(0)
+    games = 20_000
+    simulated = bench.simulate_random_valid(6, 20, games, rng)
+    # 3.5 binomial standard deviations: sqrt(0.3 * 0.7 / 20000) = 0.0032
+    assert abs(simulated - bench.random_valid_baseline(6, 20)) < 0.012, simulated
+
+
+def test_bootstrap_intervals_hold_the_mean_and_shrink_with_more_games() -> None:
+    rng = random.Random(1)
+    few = [1.0, 0.0] * 10
+    many = [1.0, 0.0] * 200
+    lo, hi = bench.bootstrap_interval(few, rng, 2000)
+    lo_many, hi_many = bench.bootstrap_interval(many, rng, 2000)
+    assert lo < 0.5 < hi and lo_many < 0.5 < hi_many
+    assert hi_many - lo_many < (hi - lo) / 2
+    assert bench.bootstrap_interval([0.4] * 7, rng, 100) == pytest.approx((0.4, 0.4))
+
+
+def test_the_paired_gain_interval_is_narrower_than_the_unpaired_one() -> None:
+    """Games hard before stay hard after: pairing removes the game-to-game spread."""
+    rng = random.Random(2)
+    before = {g: (g % 10) / 10 for g in range(40)}
+    after = {g: min(1.0, v + 0.1 + (0.05 if g % 2 else -0.05)) for g, v in before.items()}
+    lo, hi = bench.paired_gain_interval(before, after, rng, 4000)
+    assert 0.0 < lo < 0.1 < hi < 0.2
+    b_lo, b_hi = bench.bootstrap_interval(list(before.values()), rng, 4000)
+    assert hi - lo < (b_hi - b_lo) / 2
+    # only the games both evaluations played count
+    assert bench.paired_gain_interval({0: 0.0, 1: 0.0}, {1: 1.0, 2: 1.0}, rng, 100) == (1.0, 1.0)
+
+
+def _lines(step: int, mode: str, wins: list[list[bool]], consistent: float) -> list[dict[str, Any]]:
+    return [{"step": step, "mode": mode, "task": task, "play": play, "success": won,
+             "reward": float(won), "components": {"solved": float(won), "consistent": consistent}}
+            for task, plays in enumerate(wins) for play, won in enumerate(plays)]
+
+
+def test_per_game_means_over_plays_of_one_evaluation() -> None:
+    lines = _lines(0, "sampled", [[True, False], [False, False]], 0.5) + _lines(
+        0, "greedy", [[True], [True]], 1.0)
+    assert bench.per_game(lines, 0, "sampled") == {0: 0.5, 1: 0.0}
+    assert bench.per_game(lines, 0, "greedy") == {0: 1.0, 1: 1.0}
+    assert bench.per_game(lines, 0, "greedy", "consistent") == {0: 1.0, 1: 1.0}
+    assert bench.per_game(lines, 3, "greedy") == {}
+
+
+def _args(**changes: Any) -> Any:
+    return bench.parser().parse_args(
+        ["--steps", "2", "--validation", "4", "--resamples", "200",
+         *[a for k, v in changes.items() for a in (f"--{k}", str(v))]])
+
+
+def test_a_seeds_summary_and_learning_json_have_the_shape_runs_are_compared_by() -> None:
+    args = _args()
+    metrics = [
+        {"step": 0, "validationPassAtK": [{"k": 1, "value": 0.25}, {"k": 4, "value": 0.5}]},
+        {"step": 1, "rewardMean": 0.1, "decodeSeconds": 2.0, "tokensPerSecond": 100.0},
+        {"step": 2, "rewardMean": 0.3, "decodeSeconds": 2.0, "tokensPerSecond": 300.0,
+         "validationPassAtK": [{"k": 1, "value": 0.75}, {"k": 4, "value": 1.0}]},
+    ]
+    lines = (_lines(0, "sampled", [[False] * 4, [True, False, False, False], [False] * 4,
+                                   [False] * 4], 0.2)
+             + _lines(0, "greedy", [[False], [False], [False], [True]], 0.25)
+             + _lines(2, "sampled", [[True] * 4, [True, True, False, False], [False] * 4,
+                                     [True] * 4], 0.8)
+             + _lines(2, "greedy", [[True], [True], [True], [True]], 1.0))
+    seed = bench.summary(args, 5, metrics, lines, seconds=90.0)
+    greedy, sampled = seed["greedy"], seed["sampled"]
+    assert (seed["seed"], seed["minutes"]) == (5, 1.5)
+    assert (greedy["before"], greedy["after"]) == (0.25, 1.0)
+    assert (sampled["before"], sampled["after"]) == (1 / 16, 10 / 16)
+    assert greedy["after_interval"] == [1.0, 1.0]
+    assert 0.0 < greedy["gain_interval"][0] <= 0.75 <= greedy["gain_interval"][1] <= 1.0
+    assert (sampled["consistent_before"], sampled["consistent_after"]) == pytest.approx((0.2, 0.8))
+    assert (sampled["games"], sampled["plays"], greedy["plays"]) == (4, 16, 4)
+    assert seed["rewards"] == [[1, 0.1], [2, 0.3]] and seed["tokens_per_s"] == 200.0
+    assert seed["pass_at_k"]["after"] == {1: 0.75, 4: 1.0}
+
+    document = json.loads(json.dumps(bench.learning_json(args, [seed])))
+    assert document["random_valid_baseline"] == 0.3
+    (record,) = document["seeds"]
+    for mode in ("greedy", "sampled"):
+        assert {"before", "after", "after_interval", "gain_interval"} <= set(record[mode])
+        assert len(record[mode]["after_interval"]) == len(record[mode]["gain_interval"]) == 2
+    assert {"seed", "minutes"} <= set(record)
+
+
+def test_the_bench_trains_with_turn_credit_and_evaluates_greedy_too() -> None:
+    spec = bench.spec(_args(), seed=1)
+    assert spec["grpo"]["advantageLevel"] == "turn" and spec["grpo"]["seed"] == 1
+    assert spec["dataset"]["evalGreedy"] and spec["dataset"]["evalOnStart"]
+    assert bench.parser().parse_args([]).seeds == [0, 1, 2]
+    from mtrl_api.run import MultiTurnRLRunSpec
+
+    MultiTurnRLRunSpec.model_validate(spec)  # a run the operator would accept
