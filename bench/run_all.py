@@ -37,6 +37,8 @@ BENCHES = [
      [PY, "bench/gpt_oss_cpu.py"]),
     ("Trainer: asynchronous GRPO, synchronous vs maxStepsOffPolicy 1 and 2 (issue 15)",
      [PY, "bench/async_bench.py"]),
+    ("Trainer: where a `guess` step's time goes on CPU, setting by setting (issue 42)",
+     [PY, "bench/step_speed.py", "--repeats", "2"]),
     ("Learning: SmolLM2-135M-Instruct plays `guess`, held-out success before and after (issue 22)",
      [PY, "bench/learning_bench.py"]),
     ("Trainer: GPU readiness check, CPU dry run (P6 needs a GPU: see below)",
