@@ -2,6 +2,7 @@
 # Builds the local control plane's binaries from Go modules, once per machine.
 #
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  (k8s.io/kubernetes)
+#   kubelet, kube-proxy (a real node: tests/kubelet, docs/kubelet.md)  (k8s.io/kubernetes)
 #   etcd                                                              (go.etcd.io/etcd/server/v3)
 #   helm                                                              (helm.sh/helm/v3)
 #
@@ -15,7 +16,8 @@ HELM_VERSION="${HELM_VERSION:-v3.19.5}"
 KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_helm-${HELM_VERSION}"
 TOOLS_DIR="${MTRL_TOOLS_DIR:-${HOME}/.cache/mtrl/tools-${KEY}}"
 BIN="${TOOLS_DIR}/bin"
-WANT=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd helm)
+K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+WANT=("${K8S_CMDS[@]}" etcd helm)
 
 # How helm is built. Its stamp file sits beside the binary: a helm built another way (an older
 # recipe of this script) is rebuilt alone, without touching the Kubernetes binaries' cache key.
@@ -32,8 +34,8 @@ log() { echo "[build-tools $(date +%T)] $*" >&2; }
 
 # --- Kubernetes: a tiny module that depends on k8s.io/kubernetes, with the staging replaces.
 k8s_src="${TOOLS_DIR}/src/k8s"
-if [ ! -x "${BIN}/kube-apiserver" ] || [ ! -x "${BIN}/kubectl" ] \
-   || [ ! -x "${BIN}/kube-controller-manager" ] || [ ! -x "${BIN}/kube-scheduler" ]; then
+k8s_missing() { for c in "${K8S_CMDS[@]}"; do [ -x "${BIN}/${c}" ] || return 0; done; return 1; }
+if k8s_missing; then
   mkdir -p "${k8s_src}" && cd "${k8s_src}"
   gomod_json=$(go mod download -json "k8s.io/kubernetes@${K8S_VERSION}")
   upstream_mod=$(printf '%s' "${gomod_json}" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
@@ -59,13 +61,15 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 GO
   log "resolving k8s.io/kubernetes ${K8S_VERSION} dependencies"
   go mod tidy -e >/dev/null 2>&1 || true
   go get "k8s.io/kubernetes@${K8S_VERSION}" >/dev/null
   go mod tidy -e >/dev/null 2>&1 || true
-  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for cmd in "${K8S_CMDS[@]}"; do
     [ -x "${BIN}/${cmd}" ] && continue
     log "building ${cmd} (cold builds take several minutes on 2 cores)"
     go build -tags tools -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=${K8S_VERSION} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${K8S_VERSION#v1.}" \
