@@ -25,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -46,6 +47,7 @@ PAUSE_IMAGE = "mtrl.local/pause:busybox"
 POD_CIDR = "10.88.0.0/16"
 CNI_BRIDGE = "mtrl-cni0"
 NS = "k8s.io"  # containerd's namespace for the CRI
+DNS_SERVICE_IP = "10.0.0.10"  # in the test bed's service range, as kubeadm puts kube-dns
 
 
 def machine_ip() -> str:
@@ -94,6 +96,9 @@ class RealNode:
     docker_host: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     kube_proxy: bool = False
+    """kube-proxy and cluster DNS (CoreDNS behind the `kube-dns` Service): pods then reach
+    Services by ClusterIP and by name (`kubernetes.default.svc`, as kopf's in-cluster login
+    does)."""
     node_ip: str = field(default_factory=machine_ip)
     kubelet_port: int = field(default_factory=free_port)
     healthz_port: int = field(default_factory=free_port)
@@ -135,6 +140,8 @@ class RealNode:
             self._start_containerd(timeout)
             self._load_images()
             self._write_cni()
+            if self.kube_proxy:
+                self._start_coredns(timeout)
             self._start_kubelet(timeout)
             if self.kube_proxy:
                 self._start_kube_proxy(timeout)
@@ -151,7 +158,7 @@ class RealNode:
         if "kubelet" in self._procs and self._procs["kubelet"].poll() is None:
             self._drain()
         proxied = "kube-proxy" in self._procs
-        for name in ("kube-proxy", "kubelet"):
+        for name in ("kube-proxy", "kubelet", "coredns"):
             self._terminate(name)
         self._remove_iptables_rules(proxied)
         if "containerd" in self._procs and self._procs["containerd"].poll() is None:
@@ -323,6 +330,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
             "serializeImagePulls": False,
             "clusterDomain": "cluster.local",
+            **({"clusterDNS": [DNS_SERVICE_IP]} if self.kube_proxy else {}),
             "resolvConf": "/etc/resolv.conf",
             "staticPodPath": "",
             "syncFrequency": "10s",
@@ -345,6 +353,54 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             return out.stdout.strip() == "True"
 
         wait_until(ready, timeout, f"the kubelet (node {self.name} Ready)", interval=0.5)
+
+    def _start_coredns(self, timeout: float) -> None:
+        """CoreDNS (built by hack/build-tools.sh) as a process of the node, on a free port of
+        the node's address, behind the `kube-dns` Service (10.0.0.10:53, an EndpointSlice of
+        our own): a cluster runs it as pods behind the same Service; here no CoreDNS image
+        can be pulled."""
+        cluster = self.cluster
+        port, health, ready = free_port(), free_port(), free_port()
+        corefile = self.dir / "Corefile"
+        corefile.write_text(f""".:{port} {{
+    errors
+    health 127.0.0.1:{health}
+    ready 127.0.0.1:{ready}
+    kubernetes cluster.local in-addr.arpa ip6.arpa {{
+        kubeconfig {cluster.root / 'admin.kubeconfig'} mtrl-local
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 5
+    }}
+    forward . /etc/resolv.conf
+    cache 5
+}}
+""")
+        self._spawn("coredns", [str(cluster.bin_dir / "coredns"), "-conf", str(corefile)])
+        service = {"apiVersion": "v1", "kind": "Service", "metadata": {
+            "name": "kube-dns", "namespace": "kube-system",
+            "labels": {"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS"}},
+            "spec": {"clusterIP": DNS_SERVICE_IP, "ports": [
+                {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": port},
+                {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": port}]}}
+        slice_ = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {
+            "name": "kube-dns-node", "namespace": "kube-system",
+            "labels": {"kubernetes.io/service-name": "kube-dns",
+                       "endpointslice.kubernetes.io/managed-by": "mtrl-testbed"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [self.node_ip], "conditions": {"ready": True}}],
+            "ports": [{"name": "dns", "port": port, "protocol": "UDP"},
+                      {"name": "dns-tcp", "port": port, "protocol": "TCP"}]}
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": [service, slice_]}))
+
+        def serving() -> bool:
+            self.check_alive()
+            import urllib.request
+            with urllib.request.urlopen(f"http://127.0.0.1:{ready}/ready", timeout=2) as r:
+                return r.status == 200
+
+        wait_until(serving, timeout, "CoreDNS (/ready)", interval=0.3)
 
     def _start_kube_proxy(self, timeout: float) -> None:
         cluster = self.cluster
@@ -397,6 +453,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         """Delete the pods on this node, as the kubelet stops them (their network torn down,
         their sandboxes removed), before the node goes."""
         cluster = self.cluster
+        # Cordoned first: a controller's replacement pods stay Pending instead of starting here.
+        cluster.kubectl("cordon", self.name, check=False)
         cluster.kubectl("delete", "pods", "--all-namespaces", "--field-selector",
                         f"spec.nodeName={self.name}", "--grace-period=5", "--wait=false",
                         check=False)
@@ -407,11 +465,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             if left.returncode == 0 and not left.stdout.strip():
                 break
             time.sleep(0.5)
-        # The kubelet removes a deleted pod's sandbox shortly after the pod object.
+        # The kubelet stops a deleted pod's sandbox (its network torn down) as the pod goes;
+        # it removes the stopped sandbox only later, in its garbage collection.
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and [
-                c for c in self._ids("containers", "ls", "-q")]:
+        while time.monotonic() < deadline and self._running_tasks():
             time.sleep(0.5)
+
+    def _running_tasks(self) -> list[str]:
+        out = self.ctr("tasks", "ls", check=False, timeout=60)
+        lines = out.stdout.decode().splitlines()[1:] if out.returncode == 0 else []
+        return [line.split()[0] for line in lines if "RUNNING" in line.split()]
 
     def _remove_iptables_rules(self, proxied: bool) -> None:
         """What kube-proxy (`--cleanup`) and the kubelet (its KUBE-FIREWALL and canary chains)
@@ -419,6 +482,17 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         if proxied:
             subprocess.run([str(self.cluster.bin_dir / "kube-proxy"), "--cleanup"],
                            capture_output=True, timeout=60)
+        # A sandbox removed without the kubelet (a node stopped mid-run) keeps its CNI
+        # masquerade rule and chain, tagged with our network's name.
+        rules = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True,
+                               text=True).stdout.splitlines()
+        ours = [r for r in rules if r.startswith("-A POSTROUTING") and 'mtrl-pods' in r]
+        for rule in ours:
+            subprocess.run(["iptables", "-t", "nat", *shlex.split(rule.replace("-A", "-D", 1))],
+                           capture_output=True)
+            chain = rule.rsplit("-j ", 1)[1].strip()
+            subprocess.run(["iptables", "-t", "nat", "-F", chain], capture_output=True)
+            subprocess.run(["iptables", "-t", "nat", "-X", chain], capture_output=True)
         for tool in ("iptables", "ip6tables"):
             for table, chain in (("filter", "INPUT"), ("filter", "OUTPUT")):
                 while subprocess.run([tool, "-t", table, "-D", chain, "-j", "KUBE-FIREWALL"],

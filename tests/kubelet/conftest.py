@@ -41,8 +41,12 @@ def real_node(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Itera
     root = tmp_path_factory.mktemp("kubelet-cluster")
     # No node agent's nodes: every pod goes to the real node.
     cluster = LocalCluster(root, nodes=0, node_ip=kubelet_node.machine_ip()).start()
+    # Labelled as a HyperPod node is (the trainer's required affinity); no GPUs.
     node = RealNode(cluster, images=tuple(Images.ref(n) for n in NAMES),
-                    docker=images.client, docker_host=images.host, kube_proxy=True)
+                    docker=images.client, docker_host=images.host, kube_proxy=True,
+                    labels={"node.kubernetes.io/instance-type": "ml.p5.48xlarge",
+                            "sagemaker.amazonaws.com/node-health-status": "Schedulable",
+                            "sagemaker.amazonaws.com/compute-type": "hyperpod"})
     try:
         node.start(timeout=900)  # a cold machine imports the trainer's 6.7 GB once
         yield Node(cluster, node)
