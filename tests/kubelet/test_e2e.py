@@ -6,6 +6,7 @@ nothing of it is left in AWS; `helm uninstall` leaves nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from mtrl_testbed import census, replicas
 from mtrl_testbed.moto import MotoServer
 from tests.conftest import ARTIFACTS
 from tests.kubelet.conftest import Node
-from tests.operator.runs import apply, names_of, wait_for, wait_phase
+from tests.operator.runs import apply, get, names_of, wait_for, wait_phase
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "mtrl-operator"
@@ -117,6 +118,78 @@ def test_the_chart_runs_the_tiny_example_on_real_containers(
         real_node) == "") or None, 120, "helm uninstall to leave nothing", interval=1)
     assert left is True
     print(f"e2e on real containers: {time.monotonic() - began:.0f}s")
+
+
+def _install(node: Node, moto: MotoServer) -> list[dict[str, str]]:
+    """The chart with its defaults but the images and the AWS endpoint; both replicas Ready,
+    one holding the Lease. Returns the endpoint's variables."""
+    cluster = node.cluster
+    moto.bucket(yaml.safe_load(EXAMPLE.read_text())["spec"]["output"]["s3Uri"].split("/")[2])
+    endpoint = [{"name": k, "value": v} for k, v in moto.env().items()]
+    values = {"image": {"repository": Node.image("operator").rsplit(":", 1)[0],
+                        "tag": Node.image("operator").rsplit(":", 1)[1]},
+              "operator": {"extraEnv": endpoint}}
+    values_file = cluster.root / "e2e-values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    cluster.helm("install", "mtrl-operator", str(CHART), "-n", RELEASE_NS, "--create-namespace",
+                 "--wait", "--timeout", "300s", "-f", str(values_file))
+    wait_for(lambda: (p := replicas.pods(cluster, RELEASE_NS, SELECTOR)) and
+             len(p) == 2 and all(replicas.ready(x) for x in p) and p, 180,
+             "two Ready operator pods")
+    wait_for(lambda: replicas.holder_pod(cluster, RELEASE_NS, LEASE), 90, "a Lease holder")
+    return endpoint
+
+
+def _trainer_pods(node: Node, ns: str, uid: str) -> list[dict]:
+    out = node.cluster.kubectl("get", "pods", "-n", ns, "-l",
+                               f"mtrl.dev/run-uid={uid},mtrl.dev/component=trainer", "-o", "json")
+    return list(json.loads(out.stdout)["items"])
+
+
+def test_a_deleted_trainer_pod_checkpoints_on_sigterm_and_the_next_resumes(
+        real_node: Node, moto_for_pods: MotoServer) -> None:
+    """`kubectl delete pod` of a training trainer: the kubelet sends SIGTERM and gives the
+    grace period; the trainer saves a checkpoint at the step it was on; the next pod continues
+    from it, and the run does not spend an attempt."""
+    cluster, ns = real_node.cluster, "interrupted"
+    cluster.kubectl("create", "namespace", ns)
+    endpoint = _install(real_node, moto_for_pods)
+    try:
+        run = _example(endpoint)
+        apply(cluster, ns, run)
+        name = run["metadata"]["name"]
+        running = wait_for(lambda: (r := get(cluster, ns, name)) and ((r.get("status") or {}).get(
+            "progress") or {}).get("step", 0) >= 3 and r, 300, "step 3")
+        uid = running["metadata"]["uid"]
+        [first] = _trainer_pods(real_node, ns, uid)
+        cluster.kubectl("delete", "pod", "-n", ns, first["metadata"]["name"], "--wait=false")
+
+        def stopped() -> dict | None:
+            pods = {p["metadata"]["name"]: p for p in _trainer_pods(real_node, ns, uid)}
+            gone = pods.get(first["metadata"]["name"])
+            term = ((gone or {}).get("status", {}).get("containerStatuses") or [{}])[0].get(
+                "state", {}).get("terminated")
+            return term if term or gone is None else None
+
+        term = wait_for(stopped, 120, "the deleted trainer to stop")
+        print("\nthe deleted trainer:", term)
+        second = wait_for(lambda: [p for p in _trainer_pods(real_node, ns, uid)
+                                   if p["metadata"]["name"] != first["metadata"]["name"]], 120,
+                          "a second trainer pod")[0]["metadata"]["name"]
+        resumed = wait_for(lambda: "resumed from checkpoint at step" in (
+            log := _dump(real_node, "logs", "-n", ns, second)) and log, 180,
+            "the second trainer to resume")
+        print([line for line in resumed.splitlines() if "resumed" in line])
+        done = wait_phase(cluster, ns, name, "Succeeded", timeout=300)
+        assert term is None or term["exitCode"] == 143, term
+        assert term is None or "terminated by SIGTERM at step" in term.get("message", ""), term
+        assert done["status"]["attempts"] == 1, done["status"]
+        assert done["status"].get("failedAttempts", 0) == 0, done["status"]
+        cluster.kubectl("delete", "mtrlrun", name, "-n", ns, "--timeout=180s")
+    finally:
+        _show(real_node, ns)
+        cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
+                     "300s", check=False)
 
 
 def _show(node: Node, runs_ns: str) -> None:
