@@ -192,6 +192,44 @@ def test_a_deleted_trainer_pod_checkpoints_on_sigterm_and_the_next_resumes(
                      "300s", check=False)
 
 
+def test_the_standby_takes_over_from_a_leader_force_deleted_mid_provisioning(
+        real_node: Node, moto_for_pods: MotoServer) -> None:
+    """`kubectl delete pod --grace-period=0 --force` of the Lease holder right after a run is
+    applied: the kubelet kills its container at once; the standby takes the Lease and finishes
+    provisioning, and nothing is created twice (one Job, one worker Deployment, one attempt)."""
+    cluster, ns = real_node.cluster, "failover"
+    cluster.kubectl("create", "namespace", ns)
+    endpoint = _install(real_node, moto_for_pods)
+    try:
+        leader = replicas.holder_pod(cluster, RELEASE_NS, LEASE)
+        run = _example(endpoint)
+        name = run["metadata"]["name"]
+        apply(cluster, ns, run)
+        wait_for(lambda: ((get(cluster, ns, name) or {}).get("status") or {}).get("phase"), 60,
+                 "the leader to start provisioning", interval=0.1)
+        cluster.kubectl("delete", "pod", "-n", RELEASE_NS, str(leader), "--grace-period=0",
+                        "--force")
+        new_leader = wait_for(lambda: (h := replicas.holder_pod(cluster, RELEASE_NS, LEASE))
+                              not in (None, leader) and h, 120, "the standby to take over")
+        running = wait_phase(cluster, ns, name, "Running", timeout=300)
+        uid = running["metadata"]["uid"]
+        jobs = cluster.kubectl("get", "jobs,deployments", "-n", ns, "-l",
+                               f"mtrl.dev/run-uid={uid}", "-o", "name").stdout.split()
+        assert sorted(j.split("/")[0] for j in jobs) == ["deployment.apps", "job.batch"], jobs
+        done = wait_phase(cluster, ns, name, "Succeeded", timeout=300)
+        assert done["status"]["attempts"] == 1, done["status"]
+        assert done["status"].get("failedAttempts", 0) == 0, done["status"]
+        names = names_of(done, operator_id="default")
+        wait_for(lambda: not census.run_aws(names), 120, "nothing of the run left in AWS")
+        print(f"\n{leader} force-deleted; {new_leader} took over and finished the run")
+        cluster.kubectl("delete", "mtrlrun", name, "-n", ns, "--timeout=180s")
+        assert not census.all_aws("default")
+    finally:
+        _show(real_node, ns)
+        cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
+                     "300s", check=False)
+
+
 def _show(node: Node, runs_ns: str) -> None:
     """What the note quotes, and on a failure what the operator and the run's pods said."""
     print("\n$ kubectl get pods -A -o wide\n" + _dump(node, "get", "pods", "-A", "-o", "wide"))
