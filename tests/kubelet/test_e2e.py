@@ -117,6 +117,9 @@ def test_the_chart_runs_the_tiny_example_on_real_containers(
     left = wait_for(lambda: (not replicas.pods(cluster, RELEASE_NS, SELECTOR) and _leftovers(
         real_node) == "") or None, 120, "helm uninstall to leave nothing", interval=1)
     assert left is True
+    # Not the chart's, and left (docs/kubelet.md, not done): the Lease the operator made.
+    print("left in the release's namespace:", _dump(real_node, "get", "leases", "-n",
+                                                    RELEASE_NS, "-o", "yaml"))
     print(f"e2e on real containers: {time.monotonic() - began:.0f}s")
 
 
@@ -136,7 +139,10 @@ def _install(node: Node, moto: MotoServer) -> list[dict[str, str]]:
     wait_for(lambda: (p := replicas.pods(cluster, RELEASE_NS, SELECTOR)) and
              len(p) == 2 and all(replicas.ready(x) for x in p) and p, 180,
              "two Ready operator pods")
-    wait_for(lambda: replicas.holder_pod(cluster, RELEASE_NS, LEASE), 90, "a Lease holder")
+    # One of these pods: the Lease outlives an earlier release in this namespace.
+    wait_for(lambda: replicas.holder_pod(cluster, RELEASE_NS, LEASE) in {
+        p["metadata"]["name"] for p in replicas.pods(cluster, RELEASE_NS, SELECTOR)}, 90,
+        "a Lease holder among the release's pods")
     return endpoint
 
 
