@@ -18,6 +18,7 @@ import sys
 
 import kopf
 from aiohttp import web
+from kopf._core.engines.peering import Identity  # kopf.operator's type, not re-exported
 
 from mtrl_operator import handlers, logs, metrics
 from mtrl_operator.adapters import mutations
@@ -133,7 +134,11 @@ async def serve(settings: Settings) -> int:
             metrics.LEADER.set(1)
         # A lost Lease ends the process from the election thread, whatever kopf is doing.
         clusterwide, namespaces = settings.kopf_scope
-        await kopf.operator(clusterwide=clusterwide, namespaces=namespaces, standalone=True)
+        # An identity of our own: kopf's default asks the OS for the user's name, and the image's
+        # uid 65532 has no passwd entry (KeyError: 'getpwuid(): uid not found'; seen under a
+        # real kubelet, docs/kubelet.md). Peering is off (standalone); kopf only logs it.
+        await kopf.operator(clusterwide=clusterwide, namespaces=namespaces, standalone=True,
+                            identity=Identity(settings.new_identity()))
         if elector is not None:
             await elector.release()
             metrics.LEADER.set(0)

@@ -70,10 +70,12 @@ def _issue(subject: x509.Name, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateK
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def generate(root: Path, *, clients: dict[str, tuple[str, str | None]]) -> Pki:
+def generate(root: Path, *, clients: dict[str, tuple[str, str | None]],
+             apiserver_ips: tuple[str, ...] = ()) -> Pki:
     """Write a CA, the serving pairs of the API server (`apiserver`) and of the node agent's log
     endpoint (`kubelet`), the service-account key pair and one client pair per entry of
-    `clients` (file stem -> (user name, group))."""
+    `clients` (file stem -> (user name, group)); `apiserver_ips` are more addresses the API
+    server's certificate names (the machine's own, where pods of a real node reach it)."""
     root.mkdir(parents=True, exist_ok=True)
     pki = Pki(root)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -88,7 +90,8 @@ def generate(root: Path, *, clients: dict[str, tuple[str, str | None]]) -> Pki:
             x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default",
                                       "kubernetes.default.svc",
                                       "kubernetes.default.svc.cluster.local")
-        ] + [*loopback, x509.IPAddress(ipaddress.ip_address("10.0.0.1"))]),
+        ] + [*loopback, x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+             *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in apiserver_ips)]),
         "kubelet": ("mtrl-node-agent", [x509.DNSName("localhost"), *loopback]),
     }
     for stem, (common_name, sans) in servers.items():
@@ -110,6 +113,25 @@ def generate(root: Path, *, clients: dict[str, tuple[str, str | None]]) -> Pki:
     pki.path("sa.pub").write_bytes(sa_key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return pki
+
+
+def issue(pki: Pki, stem: str, common_name: str, organization: str | None = None, *,
+          server_ips: list[str] | None = None, server_names: list[str] | None = None) -> None:
+    """Write `<stem>.crt`/`<stem>.key` signed by the CA of `pki`: a client certificate for
+    `common_name` (in group `organization`), or, given `server_ips`/`server_names`, a serving
+    certificate with those SANs (a real kubelet's, for its node IP)."""
+    ca_key = serialization.load_pem_private_key(pki.path("ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca_name = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes()).subject
+    serving = server_ips is not None or server_names is not None
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in server_names or []]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in server_ips or []]
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _issue(_name(common_name, organization), key, ca_name, ca_key, ca=False,
+                  usages=[ExtendedKeyUsageOID.SERVER_AUTH if serving
+                          else ExtendedKeyUsageOID.CLIENT_AUTH], sans=sans)
+    _write_key(pki.path(f"{stem}.key"), key)
+    pki.path(f"{stem}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,10 @@ class LocalCluster:
     kueue: bool = False
     """Run Kueue, the real one, with its webhooks (for Jobs and, with the training operator,
     PyTorchJobs)."""
+    node_ip: str | None = None
+    """The machine's own address, for a real node (`kubelet_node`): the API server then also
+    listens there and publishes it as the `kubernetes` Service's endpoint, so pods reach it at
+    `kubernetes.default` through kube-proxy. None: loopback only, no endpoint (node agent)."""
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -173,7 +177,8 @@ class LocalCluster:
         for stale in ("etcd", "pods", "logs"):  # a fresh cluster every start
             shutil.rmtree(self.root / stale, ignore_errors=True)
         (self.root / "logs").mkdir(parents=True)
-        pki = certs.generate(self.root / "pki", clients={**_CLIENTS, **_KUBELET_CLIENT})
+        pki = certs.generate(self.root / "pki", clients={**_CLIENTS, **_KUBELET_CLIENT},
+                             apiserver_ips=(self.node_ip,) if self.node_ip else ())
         for stem in _CLIENTS:
             self._write_kubeconfig(self.root / f"{stem}.kubeconfig", pki, stem)
         shutil.copy(self.root / "admin.kubeconfig", self.kubeconfig)
@@ -190,7 +195,7 @@ class LocalCluster:
                 "--cluster-signing-cert-file", str(pki.ca_cert),
                 "--cluster-signing-key-file", str(pki.path("ca.key")),
                 "--use-service-account-credentials=true",
-                "--controllers", ",".join(["*", *(f"-{c}" for c in _DISABLED_CONTROLLERS)]),
+                "--controllers", ",".join(["*", *(f"-{c}" for c in self._disabled_controllers())]),
                 "--concurrent-gc-syncs=5",
             ])
             self._spawn("kube-scheduler", [
@@ -325,8 +330,7 @@ class LocalCluster:
     def _start_apiserver(self, pki: certs.Pki, timeout: float) -> None:
         self._spawn("kube-apiserver", [
             "--etcd-servers", f"http://127.0.0.1:{self.etcd_port}",
-            "--bind-address", "127.0.0.1",
-            "--advertise-address", "127.0.0.1",
+            *self._address_flags(),
             "--secure-port", str(self.api_port),
             "--tls-cert-file", str(pki.path("apiserver.crt")),
             "--tls-private-key-file", str(pki.path("apiserver.key")),
@@ -338,7 +342,6 @@ class LocalCluster:
             "--service-cluster-ip-range", SERVICE_CIDR,
             "--authorization-mode", "RBAC",
             "--allow-privileged=true",
-            "--endpoint-reconciler-type", "none",
             "--profiling=false",
             "--watch-cache=true",
             "--max-requests-inflight", "2000",
@@ -359,6 +362,22 @@ class LocalCluster:
                 return r.status == 200
 
         wait_until(ready, timeout, "kube-apiserver", interval=0.25)
+
+    def _disabled_controllers(self) -> tuple[str, ...]:
+        """A real kubelet registers its Node with the `node.kubernetes.io/not-ready:NoSchedule`
+        taint, which only the node lifecycle controller removes once the Node is Ready; the node
+        agent's Nodes never carry it (and send no heartbeats the controller would judge)."""
+        if self.node_ip is None:
+            return _DISABLED_CONTROLLERS
+        return tuple(c for c in _DISABLED_CONTROLLERS if c != "node-lifecycle-controller")
+
+    def _address_flags(self) -> list[str]:
+        if self.node_ip is None:
+            return ["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+                    "--endpoint-reconciler-type", "none"]
+        # Every address (loopback for the kubeconfigs, the machine's for pods), the machine's
+        # in the `kubernetes` Service's endpoints (the lease reconciler, the default).
+        return ["--bind-address", "0.0.0.0", "--advertise-address", self.node_ip]
 
     def _audit_flags(self) -> list[str]:
         if not self.audit_users:

@@ -33,13 +33,16 @@ class MotoServer:
     (moto's answers, with three of its own costs taken out)."""
 
     port: int = field(default_factory=free_port)
+    host: str = "127.0.0.1"
+    """The address it listens on: the machine's own where pods of a real node (bridged, not
+    on loopback) must reach it."""
     log_path: Path | None = None
     detached: bool = False  # a session of its own: it outlives its launcher (`up --operator`)
     _proc: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -60,7 +63,7 @@ class MotoServer:
     def start(self, timeout: float = 60) -> MotoServer:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "mtrl_testbed.moto_main", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "mtrl_testbed.moto_main", "-H", self.host, "-p", str(self.port)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"},

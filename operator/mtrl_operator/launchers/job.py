@@ -24,6 +24,9 @@ def _message(obj: dict[str, Any], type_: str) -> str:
     return ""
 
 
+SIGTERM_EXIT = 143  # the trainer's exit once SIGTERM stopped it (128 + 15), checkpoint saved
+
+
 class JobLauncher:
     kind = LauncherKind.JOB
 
@@ -50,8 +53,16 @@ class JobLauncher:
                  # DisruptionTarget) is replaced by the Job without counting a failure: its
                  # trainer saved a checkpoint on SIGTERM and the next pod resumes from it
                  # (kubernetes.io/docs/concepts/workloads/controllers/job/#pod-failure-policy).
-                 "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [
-                     {"type": "DisruptionTarget", "status": "True"}]}]},
+                 # So is a pod deleted outright (`kubectl delete pod`, which marks nothing):
+                 # its trainer ends with 143 only after SIGTERM and the checkpoint it saved
+                 # (docs/kubelet.md; torchrun exits 1 whatever its children do, so this
+                 # covers the one-process trainer).
+                 "podFailurePolicy": {"rules": [
+                     {"action": "Ignore", "onPodConditions": [
+                         {"type": "DisruptionTarget", "status": "True"}]},
+                     {"action": "Ignore", "onExitCodes": {
+                         "containerName": "trainer", "operator": "In",
+                         "values": [SIGTERM_EXIT]}}]},
                  "suspend": bool(spec.scheduling.queue_name),  # Kueue admits it
                  "template": template,
              }},

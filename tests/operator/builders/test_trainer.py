@@ -224,8 +224,11 @@ def test_a_disrupted_pod_is_replaced_without_failing_the_job_and_any_failure_fai
     trainer had SIGTERM's grace period to save a checkpoint."""
     job = render("Job")
     assert job["spec"]["backoffLimit"] == 0
-    assert job["spec"]["podFailurePolicy"] == {"rules": [{"action": "Ignore", "onPodConditions": [
-        {"type": "DisruptionTarget", "status": "True"}]}]}
+    assert job["spec"]["podFailurePolicy"] == {"rules": [
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        # A pod deleted outright: the trainer saved a checkpoint on SIGTERM and exited 143.
+        {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In",
+                                             "values": [143]}}]}
     assert job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 180
 
 
