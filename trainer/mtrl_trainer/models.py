@@ -108,8 +108,9 @@ def load_policy(spec: ModelSpec, *, seed: int, device: torch.device) -> Policy:
 @contextlib.contextmanager
 def adapter_merged(model: PeftModel) -> Iterator[None]:
     """The LoRA adapter folded into the base weights for the block (peft's merge_adapter), then
-    taken out again: a merged projection is one matmul instead of three and an add, which on
-    CPU is a third of a small model's decode step. Unmerging subtracts what merging added, so
+    taken out again: a merged projection is one matmul instead of three and an add; sampling
+    `guess` with SmolLM2-135M on one CPU thread took 1.22x less CPU time merged
+    (bench/step_speed.py, BENCHMARKS.md). Unmerging subtracts what merging added, so
     the base weights come back to within float rounding (tests/trainer/test_models.py)."""
     model.merge_adapter()
     try:
