@@ -50,8 +50,10 @@ def test_reward_rises_through_real_worker(training_run: TrainingRun) -> None:
     metrics = training_run.metrics(spec)
     assert all(m["trainedPolicyVersion"] == m["oldestPolicyVersion"]
                for m in metrics), "a synchronous step trained off-policy"
-    # One turn per episode: no prompt extends a cached one.
-    assert all(m["prefixReuse"] == 0 and 0 < m["decodeRowOccupancy"] <= 1 for m in metrics)
+    # One turn per episode: what prefill reuses is each group's shared prompt, prefilled once
+    # and copied to the group's other rows; never all of it (a row prefills at least a token).
+    assert all(0 < m["prefixReuse"] < 1 and 0 < m["decodeRowOccupancy"] <= 1 for m in metrics)
+    assert all(m["prefilledTokens"] > 0 and m["prefillSeconds"] > 0 for m in metrics), metrics
     # Where a turn's time goes: the workers' wait for a reply, and the sampler's part of it.
     assert all(m["turnSeconds"] > 0 and m["turnSampleSeconds"] > 0 for m in metrics), metrics
     # The sampler's logprobs are the trainer's (fp32): what the ratio is taken against. A step
