@@ -432,25 +432,25 @@ class FastDecoder:
         if leaders:
             self._prefill(leaders)
         if followers:
-            for row, donor, shared in followers:
+            for row, _, shared, donor in followers:
                 self._copy_prefix(donor, row, shared)
-            self._prefill([(row, self._slots[row].job, shared)  # type: ignore[union-attr]
-                           for row, _, shared in followers])
+            self._prefill([(row, job, shared) for row, job, shared, _ in followers])
         self.prefill_seconds += time.perf_counter() - started
 
     def _share(
         self, placed: list[tuple[int, Job, int]]
-    ) -> tuple[list[tuple[int, Job, int]], list[tuple[int, int, int]]]:
+    ) -> tuple[list[tuple[int, Job, int]], list[tuple[int, Job, int, int]]]:
         """Split the jobs just placed into those prefilled now (with whatever their rows hold)
-        and those that first copy a longer prompt prefix from another row: (row, donor row,
-        tokens copied). A donor placed in this same batch is prefilled first, as a leader."""
+        and those that first copy a longer prompt prefix from another row: (row, job, tokens
+        copied, donor row). A donor placed in this same batch is prefilled first, as a leader."""
         if not self.share_prompts:
             return placed, []
         now = {row for row, _, _ in placed}
         leaders: list[tuple[int, Job, int]] = []
         leader_rows: set[int] = set()
-        followers: list[tuple[int, int, int]] = []
+        followers: list[tuple[int, Job, int, int]] = []
         for row, job, reuse in placed:
+            prompt = list(job.prompt)
             best, donor = reuse, None
             candidates = [i for i, r in enumerate(self._slots) if r is not None and i != row
                           and (i not in now or i in leader_rows)]
@@ -458,16 +458,16 @@ class FastDecoder:
                 other = self._slots[i]
                 assert other is not None
                 held = other.tokens[: other.valid]
-                if held[:MIN_SHARED] != list(job.prompt[:MIN_SHARED]):
+                if held[:MIN_SHARED] != prompt[:MIN_SHARED]:
                     continue
-                shared = min(_common_prefix(held, job.prompt), len(job.prompt) - 1)
+                shared = min(_common_prefix(held, prompt), len(prompt) - 1)
                 if shared > best:
                     best, donor = shared, i
             if donor is None or best < reuse + MIN_SHARED:
                 leaders.append((row, job, reuse))
                 leader_rows.add(row)
             else:
-                followers.append((row, donor, best))
+                followers.append((row, job, best, donor))
         return leaders, followers
 
     def _copy_prefix(self, source: int, target: int, tokens: int) -> None:

@@ -86,7 +86,6 @@ class GenerationService:
         model_lock: threading.Lock,
         attempt: str,
         seed: int,
-        merge_adapter: bool | None = None,
     ) -> None:
         self._policy = policy
         self._sampling = sampling
@@ -98,7 +97,7 @@ class GenerationService:
             rows=rows_that_fit(base, sampling.max_sequence_length, sampling.max_batch))
         weight = next(base.parameters())
         device = weight.device
-        self._merge = weight.dtype == torch.float32 if merge_adapter is None else merge_adapter
+        self._merge = weight.dtype == torch.float32
         self.decoder.configure(
             SamplingParams(sampling.temperature, sampling.top_p, policy.tokenizer.stop_token_ids),
             torch.Generator(device).manual_seed(seed))
