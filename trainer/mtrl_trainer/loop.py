@@ -494,7 +494,7 @@ class Run:
             "updateSeconds": round(update_s, 3),
             "decodeSeconds": round(decode_s, 3),
             "turnSeconds": turn_seconds(rollouts.results),
-            **self._decoder_since_last_report(),
+            **self._decoder_since_last_report(tokens_sampled, decode_s),
             "failedEpisodes": rollouts.counts.failed,
             "lateEpisodes": rollouts.counts.late,
         }
@@ -562,13 +562,13 @@ class Run:
         self._reported_at, self._tokens_at, self._decoding_at = now, tokens, decoding
         return since
 
-    def _decoder_counters(self) -> tuple[int, int, int, int, int, float, float, int, float]:
+    def _decoder_counters(self) -> tuple[int, int, int, int, int, float, float]:
         d, service = self.service.decoder, self.service
         return (d.prefilled_tokens, d.reused_tokens, d.row_steps, d.active_row_steps,
-                service.sampled, service.sample_seconds, d.prefill_seconds, service.tokens,
-                service.decode_seconds)
+                service.sampled, service.sample_seconds, d.prefill_seconds)
 
-    def _decoder_since_last_report(self) -> dict[str, float | None]:
+    def _decoder_since_last_report(self, tokens: int, decode_s: float
+                                   ) -> dict[str, float | None]:
         """Since the previous step's report, how well the decoder used its work: the share of
         prompt tokens served from cached prefixes (`prefixReuse`), and the share of the rows its
         decode steps computed that were still generating (`decodeRowOccupancy`; the rest are
@@ -577,9 +577,10 @@ class Run:
         (`turnSampleSeconds`, the trainer's part of the workers' `turnSeconds`); prefill and
         sampling apart: prompt tokens computed per second of prefill
         (`prefillTokensPerSecond`), completion tokens per second of the rest of decoding
-        (`sampleTokensPerSecond`)."""
+        (`sampleTokensPerSecond`). `tokens` and `decode_s` are the same window's, from
+        `_since_last_report`."""
         now = self._decoder_counters()
-        prefilled, reused, rows, active, sampled, sample_s, prefill_s, tokens, decode_s = (
+        prefilled, reused, rows, active, sampled, sample_s, prefill_s = (
             a - b for a, b in zip(now, self._decoder_at, strict=True))
         self._decoder_at = now
         sampling_s = decode_s - prefill_s

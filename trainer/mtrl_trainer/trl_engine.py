@@ -319,7 +319,7 @@ class TrlRun(Run):
                       "completionTokens": tokens_sampled, "rolloutSeconds": round(seconds, 3),
                       "decodeSeconds": round(decode_s, 3),
                       "turnSeconds": turn_seconds(rollouts.results),
-                      **self._decoder_since_last_report(),
+                      **self._decoder_since_last_report(tokens_sampled, decode_s),
                       "failedEpisodes": rollouts.counts.failed,
                       "lateEpisodes": rollouts.counts.late,
                       **{f"trl/{k}": v for k, v in logs.items()}},
