@@ -52,7 +52,7 @@ moto: install ## run a moto server on 127.0.0.1:5000 in the foreground
 demo: install tools ## the one-command local demo: operator, workers and trainer on CPU
 	$(BIN)/python -m mtrl_testbed.demo
 
-e2e-kind: install ## the demo on a kind cluster (needs docker, kind, kubectl, helm; CI cannot run it)
+e2e-kind: install ## the demo on a kind cluster (needs docker, kind, kubectl, helm and an image registry; CI runs tests/kubelet instead, docs/kubelet.md)
 	bash hack/e2e-kind.sh
 
 bench: install tools ## benchmarks; results go to BENCHMARKS.md

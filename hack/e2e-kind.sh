@@ -4,7 +4,11 @@
 # Builds the three images, loads them into kind, runs moto in the cluster as the AWS endpoint,
 # installs the chart, applies the tiny CPU run with the images and endpoint filled in, waits
 # for it to succeed, and uninstalls. Needs docker, kind, kubectl and helm on PATH.
-# (The project's CI has no Docker engine, so CI never runs this script.)
+# CI does not run it: CI's machines have a Docker engine (hack/docker.sh) but reach no image
+# registry, and kind needs its node image (`kindest/node`, pulled) or, to build one, Kubernetes'
+# release tarballs and the `kindest/base` image, none of which can be fetched there (the exact
+# errors are in docs/kubelet.md). tests/kubelet runs the same end to end on a real kubelet and
+# containerd joined to the test bed's control plane instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CLUSTER="${KIND_CLUSTER:-mtrl-e2e}"
