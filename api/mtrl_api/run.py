@@ -889,6 +889,8 @@ class ValidationPoint(ApiModel):
     pass_at_k: Annotated[list[PassAtK], Field(max_length=8, json_schema_extra=list_map("k"))] = \
         Field(default_factory=list)
     """pass@k for each k of dataset.evalPassAtK."""
+    greedy_success_rate: float | None = Field(None, ge=0.0, le=1.0)
+    """Fraction of the greedy plays that succeeded (dataset.evalGreedy), else absent."""
 
 
 VALIDATION_HISTORY = 64  # evaluations kept in status; metrics.jsonl has them all
@@ -924,6 +926,9 @@ class Progress(ApiModel):
     validation_pass_at_k: Annotated[list[PassAtK], Field(
         max_length=8, json_schema_extra=list_map("k"))] = Field(default_factory=list)
     """pass@k at the latest evaluation, for each k of dataset.evalPassAtK."""
+    validation_greedy_success_rate: float | None = Field(None, ge=0.0, le=1.0)
+    """Success rate of the greedy plays (temperature 0) at the latest evaluation, with
+    dataset.evalGreedy."""
     failed_episode_fraction: float | None = Field(None, ge=0.0, le=1.0)
     """Fraction of the latest step's episodes that failed (the environment raised, or the
     episode timed out)."""

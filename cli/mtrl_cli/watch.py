@@ -74,6 +74,9 @@ def frame(run: dict[str, Any], curve: Curve, now: datetime, width: int = 80) -> 
         reward += f" ± {display.number(progress['rewardStd'])}"
     lines.append(f"{'reward':<{LABEL}}{reward}")
     lines.append(f"{'success':<{LABEL}}{display.percent(progress.get('successRate'))}")
+    held_out = held_out_line(progress)
+    if held_out:
+        lines.append(f"{'held-out':<{LABEL}}{held_out}")
     lines.append(f"{'message':<{LABEL}}{display.cut(status.get('message') or '', width - LABEL)}")
     points = curve.points
     if points:
@@ -89,6 +92,23 @@ def frame(run: dict[str, Any], curve: Curve, now: datetime, width: int = 80) -> 
                                 break_on_hyphens=False)
         lines += [f"{'':<{LABEL}}{part}" for part in wrapped]
     return "\n".join(lines)
+
+
+def held_out_line(progress: dict[str, Any]) -> str:
+    """The latest evaluation of the held-out split beside the first (the base model's, with
+    dataset.evalOnStart): greedy success where dataset.evalGreedy plays it, and sampled."""
+    history = progress.get("validationHistory") or []
+
+    def rates(point: dict[str, Any]) -> str:
+        greedy = point.get("greedySuccessRate")
+        sampled = f"{display.percent(point.get('successRate'))} sampled"
+        return sampled if greedy is None else f"{display.percent(greedy)} greedy, {sampled}"
+
+    if not history:
+        return ""
+    first, last = history[0], history[-1]
+    line = f"step {last['step']}: {rates(last)}"
+    return line if first is last else f"{line} (step {first['step']}: {rates(first)})"
 
 
 def exit_code(run: dict[str, Any]) -> int:

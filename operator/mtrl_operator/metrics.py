@@ -41,6 +41,10 @@ RUN_FIGURES = {
     "validationSuccessRate": Gauge("mtrl_run_validation_success_rate",
                                    "Validation success rate at the latest evaluation",
                                    ["namespace", "run"]),
+    "validationGreedySuccessRate": Gauge("mtrl_run_validation_greedy_success_rate",
+                                         "Greedy validation success rate at the latest "
+                                         "evaluation (dataset.evalGreedy)",
+                                         ["namespace", "run"]),
 }
 
 

@@ -46,6 +46,20 @@ def test_a_frame_before_the_first_step() -> None:
     assert lines[5] == "curve    (no steps reported yet)"
 
 
+def test_a_frame_shows_the_held_out_evaluations_first_and_latest() -> None:
+    """The base model's evaluation (step 0) beside the latest, greedy where it was played."""
+    history = [{"step": 0, "successRate": 0.03, "greedySuccessRate": 0.0},
+               {"step": 6, "successRate": 0.1, "greedySuccessRate": 0.25},
+               {"step": 12, "successRate": 0.2, "greedySuccessRate": 0.5}]
+    run = _run(phase="Running", progress={"step": 12, "totalSteps": 12,
+                                          "validationHistory": history})
+    lines = frame(run, Curve("reward_mean"), NOW).splitlines()
+    assert lines[4] == "held-out step 12: 50% greedy, 20% sampled (step 0: 0% greedy, 3% sampled)"
+    # Sampled only (no dataset.evalGreedy), one evaluation so far: no comparison yet.
+    run["status"]["progress"]["validationHistory"] = [{"step": 5, "successRate": 0.4}]
+    assert frame(run, Curve("reward_mean"), NOW).splitlines()[4] == "held-out step 5: 40% sampled"
+
+
 @pytest.mark.cluster
 @pytest.mark.aws
 def test_once_draws_the_curve_of_metrics_jsonl(cluster: LocalCluster, aws_env: dict[str, str],

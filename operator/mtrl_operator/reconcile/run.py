@@ -57,12 +57,14 @@ def _merged_progress(previous: Progress, reported: Progress) -> Progress:
         out.validation_success_rate = previous.validation_success_rate
         out.validation_step = previous.validation_step
         out.validation_pass_at_k = previous.validation_pass_at_k
+        out.validation_greedy_success_rate = previous.validation_greedy_success_rate
         out.validation_history = previous.validation_history
     else:
         out.validation_step = reported.step
         out.validation_history = [*history, ValidationPoint(
             step=reported.step, success_rate=reported.validation_success_rate,
-            pass_at_k=reported.validation_pass_at_k)][-VALIDATION_HISTORY:]
+            pass_at_k=reported.validation_pass_at_k,
+            greedy_success_rate=reported.validation_greedy_success_rate)][-VALIDATION_HISTORY:]
     return out
 
 

@@ -480,14 +480,16 @@ def test_the_latest_evaluation_and_checkpoint_stay_in_status_between_reports() -
                Progress(step=6, total_steps=20,
                         latest_checkpoint="s3://bucket/out/ns/run/uid/checkpoints/step-000005/"),
                Progress(step=10, total_steps=20, validation_success_rate=0.75,
-                        validation_pass_at_k=[PassAtK(k=1, value=0.75), PassAtK(k=4, value=1.0)]),
+                        validation_pass_at_k=[PassAtK(k=1, value=0.75), PassAtK(k=4, value=1.0)],
+                        validation_greedy_success_rate=0.5),
                Progress(step=11, total_steps=20)]
     for report in reports:
         status = decide(replace(base, status=status, progress=report)).status
     assert (status.progress.validation_success_rate, status.progress.validation_step) == (0.75, 10)
     assert [(p.k, p.value) for p in status.progress.validation_pass_at_k] == [(1, 0.75), (4, 1.0)]
-    assert [(p.step, p.success_rate, len(p.pass_at_k))
-            for p in status.progress.validation_history] == [(5, 0.0, 0), (10, 0.75, 2)]
+    assert status.progress.validation_greedy_success_rate == 0.5
+    assert [(p.step, p.success_rate, len(p.pass_at_k), p.greedy_success_rate)
+            for p in status.progress.validation_history] == [(5, 0.0, 0, None), (10, 0.75, 2, 0.5)]
     assert status.progress.latest_checkpoint.endswith("/checkpoints/step-000005/")
     assert status.adapter_uri == "s3://bucket/out/ns/run/uid/adapter/"
     # A retry that goes back to step 10 evaluates it again: one entry per step.
