@@ -45,6 +45,8 @@ DELEGATES = {
     "env": ("mtrl_worker.play:env_main", "worker",
             "environments: `mtrl env list`, `mtrl env play wordle ...`"),
     "trainer": ("mtrl_trainer.__main__:main", "trainer", "run the reference GRPO+LoRA trainer"),
+    "torchrun": ("mtrl_trainer.launch:main", "trainer",
+                 "torchrun ARGS, exiting 143 once a SIGTERM it passed on stopped it"),
     "trainer-check": ("mtrl_testbed.conformance:main", "dev",
                       "does a trainer command keep the trainer contract? "
                       "`mtrl trainer-check -- python -m mtrl_trainer`"),

@@ -36,6 +36,7 @@ COMMANDS = {
         ["kubectl-mtrl", "--help"],
         ["python", "-m", "mtrl_trainer", "--help"],
         ["torchrun", "--help"],
+        ["mtrl", "torchrun", "--help"],
         ["hyperpodrun", "--help"],
     ],
 }

@@ -165,6 +165,48 @@ def test_the_real_trainer_trains_on_two_nodes(cluster: LocalCluster, operator: O
     wait_clean(cluster, names_of(run))
 
 
+def test_a_deleted_two_process_trainer_pod_is_replaced_without_spending_an_attempt(
+        cluster: LocalCluster, operator: OperatorProcess, namespace: str) -> None:
+    """`kubectl delete pod` of a Job's trainer of two processes (torchrun, gloo), as the
+    operator renders it: the pod gets SIGTERM, rank 0 saves a checkpoint at its step, torchrun
+    exits 1 but `mtrl torchrun` 143, which the Job's podFailurePolicy ignores: the Job starts a
+    new pod, which resumes, and the run succeeds in its first attempt."""
+    manifest = run_manifest("deleted", trainer={"launcher": "Job", "nodes": 1, "gpusPerNode": 2},
+                            grpo={"maxSteps": 8, "groupSize": 8, "promptsPerStep": 2,
+                                  "maxNewTokens": 12},
+                            model={"name": "random:tiny-qwen2", "dtype": "float32",
+                                   "maxSequenceLength": 128},
+                            dataset={"inline": {"train": [{"target_token_id": "16"}]}},
+                            output={"s3Uri": "s3://mtrl-test-outputs/runs",
+                                    "checkpointIntervalSteps": 100})
+    del manifest["spec"]["trainer"]["command"]  # what the operator renders: mtrl torchrun
+    apply(cluster, namespace, manifest)
+    running = wait_for(lambda: (r := get(cluster, namespace, "deleted")) and ((r.get(
+        "status") or {}).get("progress") or {}).get("step", 0) >= 2 and r, 300, "step 2")
+    selector = f"mtrl.dev/run-uid={running['metadata']['uid']},mtrl.dev/component=trainer"
+
+    def pods() -> list[dict]:
+        out = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json")
+        return list(json.loads(out.stdout)["items"])
+
+    [first] = pods()
+    first_name = first["metadata"]["name"]
+    assert first["spec"]["containers"][0]["command"][:2] == ["mtrl", "torchrun"]
+    cluster.kubectl("delete", "pod", "-n", namespace, first_name, "--wait=false")
+    second = wait_for(lambda: [p["metadata"]["name"] for p in pods()
+                               if p["metadata"]["name"] != first_name], 120,
+                      "a second trainer pod")[0]
+    run = wait_phase(cluster, namespace, "deleted", "Succeeded", timeout=300)
+    assert run["status"]["attempts"] == 1, run["status"]
+    assert run["status"].get("failedAttempts", 0) == 0, run["status"]
+    stopped = _agent_log(cluster, namespace, first_name, "trainer")
+    assert "terminated by SIGTERM at step" in stopped, stopped[-3000:]
+    assert "SignalException" in stopped  # torchrun's own exit: 1
+    assert "resumed from checkpoint at step" in _agent_log(cluster, namespace, second,
+                                                           "trainer")
+    wait_clean(cluster, names_of(run))
+
+
 def _agent_log(cluster: LocalCluster, namespace: str, pod: str, container: str) -> str:
     """The container's log in the node agent's folder of pod `pod` (or of the pod whose name
     begins with `pod`, ending in '-')."""

@@ -105,11 +105,12 @@ class TrainingRun:
     def start_trainer(self, spec: dict[str, Any], name: str = "trainer",
                       processes: int = 1) -> subprocess.Popen[bytes]:
         """`python -m mtrl_trainer`, or with `processes` > 1 under torchrun as the operator's
-        Job runs it (`torchrun --standalone --nproc-per-node=N -m mtrl_trainer`)."""
+        Job runs it (`mtrl torchrun --standalone --nproc-per-node=N -m mtrl_trainer`, torchrun
+        under mtrl_trainer.launch)."""
         config = ARTIFACTS / f"{self.prefix}-run.json"
         config.write_text(json.dumps(spec))
         command = [sys.executable, "-m", "mtrl_trainer"] if processes == 1 else [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            sys.executable, "-m", "mtrl_trainer.launch", "--standalone",
             f"--nproc-per-node={processes}", "-m", "mtrl_trainer"]
         return self._spawn(command, {
             "MTRL_CONFIG": str(config),

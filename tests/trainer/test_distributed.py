@@ -26,7 +26,12 @@ def run_step(nproc: int, script: Path = SCRIPT) -> dict[str, Any]:
     # Keep the caller's path: a worktree's packages come before the editable install.
     path = os.pathsep.join(p for p in (str(SCRIPT.parents[2]), os.environ.get("PYTHONPATH")) if p)
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as exc:  # its output, always bytes here, would be lost
+        said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+        raise AssertionError(f"{script.name} under torchrun ran past 240 s:\n{said[-3000:]}") \
+            from None
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -100,6 +100,12 @@ def progress_channel(names: RunNames, spec: MultiTurnRLRunSpec,
     ]
 
 
+# torchrun with its arguments unchanged, under a launcher that passes SIGTERM on and exits 143
+# once torchrun stops after it (`mtrl_trainer.launch`): torchrun itself then exits 1 whatever
+# its ranks did, and the Job's podFailurePolicy ignores only 143 (launchers/job.py).
+TORCHRUN = ["mtrl", "torchrun"]
+
+
 def _hyperpodrun(spec: MultiTurnRLRunSpec) -> list[str]:
     """The HyperPod elastic agent as PID 1 (exec form, so SIGTERM reaches it, as its README
     requires). It takes torchrun's arguments; rendezvous is the HyperPod training operator's
@@ -121,8 +127,8 @@ def _command(spec: MultiTurnRLRunSpec, rendezvous: str | None) -> list[str]:
     if trainer.nodes == 1 and procs == 1:
         return ["mtrl", "trainer"]
     if trainer.nodes == 1:
-        return ["torchrun", "--standalone", f"--nproc-per-node={procs}", "-m", "mtrl_trainer"]
-    cmd = ["torchrun", f"--nnodes={trainer.nodes}", f"--nproc-per-node={procs}"]
+        return [*TORCHRUN, "--standalone", f"--nproc-per-node={procs}", "-m", "mtrl_trainer"]
+    cmd = [*TORCHRUN, f"--nnodes={trainer.nodes}", f"--nproc-per-node={procs}"]
     if trainer.launcher == LauncherKind.PYTORCH_JOB:
         # Static rendezvous at the master pod, from the variables Kubeflow's controller sets in
         # every replica (envvar.go: MASTER_ADDR, MASTER_PORT, PET_NODE_RANK); the kubelet

@@ -55,8 +55,10 @@ class JobLauncher:
                  # (kubernetes.io/docs/concepts/workloads/controllers/job/#pod-failure-policy).
                  # So is a pod deleted outright (`kubectl delete pod`, which marks nothing):
                  # its trainer ends with 143 only after SIGTERM and the checkpoint it saved
-                 # (docs/kubelet.md; torchrun exits 1 whatever its children do, so this
-                 # covers the one-process trainer).
+                 # (docs/kubelet.md). torchrun exits 1 after SIGTERM whatever its children
+                 # do; several processes run under `mtrl torchrun`, which exits 143 once
+                 # torchrun stopped after the SIGTERM it passed on (builders/trainer.py,
+                 # docs/trainer.md).
                  "podFailurePolicy": {"rules": [
                      {"action": "Ignore", "onPodConditions": [
                          {"type": "DisruptionTarget", "status": "True"}]},

@@ -159,11 +159,43 @@ def test_a_multi_node_pytorchjob_rendezvous_at_the_master_kubeflow_names() -> No
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
         pod = replica["template"]["spec"]
         command = container(pod)["command"]
-        assert command[:3] == ["torchrun", "--nnodes=2", "--nproc-per-node=8"]
+        assert command[:4] == ["mtrl", "torchrun", "--nnodes=2", "--nproc-per-node=8"]
         assert {"--node-rank=$(PET_NODE_RANK)", "--master-addr=$(MASTER_ADDR)",
                 "--master-port=$(MASTER_PORT)"} <= set(command)
         assert container(pod)["name"] == "pytorch"  # Kubeflow looks for this container...
         assert container(pod)["ports"][0]["name"] == "pytorchjob-port"  # ...and this port
+
+
+@pytest.mark.parametrize(("launcher", "nodes"), [("Job", 1), ("Job", 2), ("PyTorchJob", 1),
+                                                ("PyTorchJob", 2)])
+def test_torchrun_runs_under_the_launcher_that_exits_143_after_sigterm(launcher: str,
+                                                                      nodes: int) -> None:
+    """torchrun exits 1 after passing SIGTERM on, whatever its ranks did; `mtrl torchrun`
+    (mtrl_trainer.launch) exits 143 then, which the Job's podFailurePolicy ignores. What follows
+    it is torchrun's own command line."""
+    run = pytest.importorskip("torch.distributed.run")
+    pod = pod_template(RunNames("team-a", "wordle", "uid-1"), spec(launcher, nodes), {}, 1,
+                       rendezvous="wordle-t1-0.wordle-t1:29500" if launcher == "Job" else None,
+                       container_name="trainer")["spec"]
+    command = container(pod)["command"]
+    assert command[:2] == ["mtrl", "torchrun"]
+    # The kubelet expands Kubeflow's variables (a PyTorchJob's rendezvous) before it starts.
+    kubeflow = {"PET_NODE_RANK": "1", "MASTER_ADDR": "wordle-t1-master-0", "MASTER_PORT": "23456"}
+    args = run.get_args_parser().parse_args(
+        [re.sub(r"\$\((\w+)\)", lambda m: kubeflow[m.group(1)], arg) for arg in command[2:]])
+    assert args.nnodes in (str(nodes), f"{nodes}:{nodes}") and args.nproc_per_node == "8"
+    assert args.module and args.training_script == "mtrl_trainer"
+    assert args.standalone == (nodes == 1)
+
+
+def test_one_process_and_hyperpod_keep_their_own_commands() -> None:
+    """One process is the trainer itself (it exits 143 on SIGTERM); HyperPod's elastic agent
+    stays PID 1, as its README requires, and HyperPod's operator reads its exit."""
+    names = RunNames("team-a", "wordle", "uid-1")
+    one = spec("Job", 1, trainer={"launcher": "Job", "nodes": 1, "gpusPerNode": 1})
+    assert container(pod_template(names, one, {}, 1)["spec"])["command"] == ["mtrl", "trainer"]
+    hyperpod = container(pod_template(names, spec("HyperPodPyTorchJob"), {}, 1)["spec"])
+    assert hyperpod["command"][0] == "hyperpodrun"
 
 
 def test_the_job_launchers_rendezvous_is_its_first_pod() -> None:
@@ -220,13 +252,14 @@ def test_every_launchers_trainer_leaves_its_cause_as_the_termination_message(
 def test_a_disrupted_pod_is_replaced_without_failing_the_job_and_any_failure_fails_it() -> None:
     """backoffLimit 0: any failed pod fails the Job (the operator retries, and reads a
     configuration error from the termination message: torchrun exits 1 whatever its child's
-    code); an evicted or preempted pod (DisruptionTarget) is the Job's to replace, and its
-    trainer had SIGTERM's grace period to save a checkpoint."""
+    code, and `mtrl torchrun` passes that on); an evicted or preempted pod (DisruptionTarget)
+    is the Job's to replace, and its trainer had SIGTERM's grace period to save a checkpoint."""
     job = render("Job")
     assert job["spec"]["backoffLimit"] == 0
     assert job["spec"]["podFailurePolicy"] == {"rules": [
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-        # A pod deleted outright: the trainer saved a checkpoint on SIGTERM and exited 143.
+        # A pod deleted outright: the trainer saved a checkpoint on SIGTERM and exited 143
+        # (several processes: `mtrl torchrun` exits 143 once torchrun stopped after SIGTERM).
         {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In",
                                              "values": [143]}}]}
     assert job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 180
