@@ -7,6 +7,7 @@ asked for, other JSON-lines files of its output folder, such as eval.jsonl).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -61,21 +62,35 @@ def train_outputs(spec: dict[str, Any], workdir: Path, label: str, *, timeout_s:
             "MTRL_WORKER_ID": "w0", "MTRL_ENVIRONMENT_ARGS": json.dumps(arguments),
             "MTRL_HEALTH_PORT": "0", "MTRL_POLL_WAIT_S": "1",
             "MTRL_CONCURRENCY": str(worker_concurrency)})
+    trainer_log = workdir / f"{prefix}-trainer.log"
     try:
-        with open(workdir / f"{prefix}-trainer.log", "wb") as log:
-            code = subprocess.run([sys.executable, "-m", "mtrl_trainer"], stdout=log,
-                                  stderr=subprocess.STDOUT, timeout=timeout_s,
-                                  env=env | {"MTRL_CONFIG": str(config),
-                                             "MTRL_COLLECT_GRACE_S": "10"}).returncode
+        with open(trainer_log, "wb") as log:
+            code: int | None = subprocess.run(
+                [sys.executable, "-m", "mtrl_trainer"], stdout=log, stderr=subprocess.STDOUT,
+                timeout=timeout_s, env=env | {"MTRL_CONFIG": str(config),
+                                              "MTRL_COLLECT_GRACE_S": "10"}).returncode
+    except subprocess.TimeoutExpired:
+        code = None  # subprocess.run has killed it
     finally:
         worker.terminate()
         worker.wait(30)
-    if code:
-        tail = (workdir / f"{prefix}-trainer.log").read_text(errors="replace")[-2000:]
-        raise SystemExit(f"the trainer of {label} exited {code}:\n{tail}")
+    key = f"run/bench/bench/{run_id}"
+    if code != 0:
+        # What the run wrote so far (metrics.jsonl has every step reported) is kept beside the
+        # logs: a run that fails at its last evaluation has still measured its curve.
+        kept = []
+        for name in files:
+            with contextlib.suppress(s3.exceptions.NoSuchKey):
+                body = s3.get_object(Bucket=prefix, Key=f"{key}/{name}")["Body"].read()
+                (workdir / f"{prefix}-{name}").write_bytes(body)
+                kept.append(str(workdir / f"{prefix}-{name}"))
+        tail = trainer_log.read_text(errors="replace")[-2000:]
+        what = f"ran past {timeout_s:.0f} s" if code is None else f"exited {code}"
+        raise SystemExit(f"the trainer of {label} {what}; its log: {trainer_log}; kept: "
+                         f"{', '.join(kept) or 'no output file'}\n{tail}")
     out = {}
     for name in files:
-        body = s3.get_object(Bucket=prefix, Key=f"run/bench/bench/{run_id}/{name}")["Body"]
+        body = s3.get_object(Bucket=prefix, Key=f"{key}/{name}")["Body"]
         out[name] = [json.loads(line) for line in body.read().decode().splitlines()]
     return out
 

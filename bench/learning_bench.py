@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import tempfile
 import time
 from collections.abc import Sequence
@@ -252,15 +253,18 @@ def plot(results: list[dict[str, Any]], path: Path, model: str) -> None:
 
 def main(args: argparse.Namespace) -> None:
     results = []
-    with tempfile.TemporaryDirectory(prefix="learning-bench-") as tmp:
-        for seed in args.seeds:
-            started = time.monotonic()
-            out = train_outputs(spec(args, seed), Path(tmp), f"learn{seed}",
-                                timeout_s=args.timeout_s,
-                                worker_concurrency=args.group * args.prompts,
-                                files=("metrics.jsonl", "eval.jsonl"))
-            results.append(summary(args, seed, out["metrics.jsonl"], out["eval.jsonl"],
-                                   time.monotonic() - started))
+    # Kept: each seed's trainer and worker logs, and a failed seed's metrics.jsonl and eval.jsonl.
+    workdir = Path(tempfile.mkdtemp(prefix="learning-bench-"))
+    print(f"> logs: {workdir}", flush=True)
+    for seed in args.seeds:
+        started = time.monotonic()
+        out = train_outputs(spec(args, seed), workdir, f"learn{seed}", timeout_s=args.timeout_s,
+                            worker_concurrency=args.group * args.prompts,
+                            files=("metrics.jsonl", "eval.jsonl"))
+        results.append(summary(args, seed, out["metrics.jsonl"], out["eval.jsonl"],
+                               time.monotonic() - started))
+        # The largest resident set of any child so far: the trainers (the worker is far smaller).
+        results[-1]["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
     table(args, results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -288,7 +292,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=8,
                         help="a guess is a few tokens; 8 halves sampling against 16")
     parser.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap resamples")
-    parser.add_argument("--timeout-s", type=float, default=3600)
+    parser.add_argument("--timeout-s", type=float, default=5400)
     parser.add_argument("--png", type=Path, default=Path("bench/learning.png"))
     parser.add_argument("--json", type=Path, default=Path("bench/results/learning.json"))
     return parser
