@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from mtrl_testbed import census, replicas
+from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.moto import MotoServer
 from tests.conftest import ARTIFACTS
 from tests.kubelet.conftest import Node
@@ -112,15 +113,46 @@ def test_the_chart_runs_the_tiny_example_on_real_containers(
         assert not census.all_aws("default")
         assert not census.all_k8s(cluster, runs_ns)
     finally:
+        audited = _audited(cluster)
         cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
                      "300s", check=False)
     left = wait_for(lambda: (not replicas.pods(cluster, RELEASE_NS, SELECTOR) and _leftovers(
         real_node) == "") or None, 120, "helm uninstall to leave nothing", interval=1)
     assert left is True
-    # Not the chart's, and left (docs/kubelet.md, not done): the Lease the operator made.
-    print("left in the release's namespace:", _dump(real_node, "get", "leases", "-n",
-                                                    RELEASE_NS, "-o", "yaml"))
+    # The Lease too: the chart's own (labelled, so _leftovers looks for it as well), deleted
+    # with the release after its Role, so the stopping leader cannot make it again.
+    lease = cluster.kubectl("get", "lease", LEASE, "-n", RELEASE_NS, check=False)
+    assert "NotFound" in lease.stderr, lease.stdout + lease.stderr
+    wait_for(lambda: _audited(cluster) > audited, 30, "the audit log to catch up", interval=1)
+    print("\nthe operator's Lease requests from helm uninstall on (audit log):")
+    for line in _lease_requests(cluster, audited):
+        print("  " + line)
     print(f"e2e on real containers: {time.monotonic() - began:.0f}s")
+
+
+def _audit(cluster: LocalCluster) -> list[dict]:
+    """The operator's requests, in order (the audit policy logs only its ServiceAccount)."""
+    if not cluster.audit_log.exists():
+        return []
+    return [json.loads(line) for line in cluster.audit_log.read_text().splitlines() if line]
+
+
+def _audited(cluster: LocalCluster) -> int:
+    return len(_audit(cluster))
+
+
+def _lease_requests(cluster: LocalCluster, since: int) -> list[str]:
+    return [f"{e['stageTimestamp']} {e['verb']} {e['objectRef'].get('name', '')} -> "
+            f"{e['responseStatus']['code']} {e['responseStatus'].get('reason', '')} (RBAC: "
+            f"{(e.get('annotations') or {}).get('authorization.k8s.io/decision')})"
+            for e in _audit(cluster)[since:]
+            if e.get("objectRef", {}).get("resource") == "leases"]
+
+
+def _created(cluster: LocalCluster, ns: str) -> set[str]:
+    """Every kind of object the operator asked to create in `ns`, whatever became of it."""
+    return {e["objectRef"]["resource"] for e in _audit(cluster) if e["verb"] == "create"
+            and e.get("objectRef", {}).get("namespace") == ns}
 
 
 def _install(node: Node, moto: MotoServer) -> list[dict[str, str]]:
@@ -139,7 +171,7 @@ def _install(node: Node, moto: MotoServer) -> list[dict[str, str]]:
     wait_for(lambda: (p := replicas.pods(cluster, RELEASE_NS, SELECTOR)) and
              len(p) == 2 and all(replicas.ready(x) for x in p) and p, 180,
              "two Ready operator pods")
-    # One of these pods: the Lease outlives an earlier release in this namespace.
+    # One of these pods (the Lease is the release's; a stale holder would be a bug).
     wait_for(lambda: replicas.holder_pod(cluster, RELEASE_NS, LEASE) in {
         p["metadata"]["name"] for p in replicas.pods(cluster, RELEASE_NS, SELECTOR)}, 90,
         "a Lease holder among the release's pods")
@@ -269,3 +301,123 @@ def _leftovers(node: Node) -> str:
     return found.strip()
 
 
+
+
+def _coding_run(endpoint: list[dict[str, str]]) -> dict:
+    """The tiny example turned to the `coding` environment: two turns a episode (a question,
+    then code or nothing), tasks of the built-in set, a few steps."""
+    run = _example(endpoint)
+    run["metadata"]["name"] = "tiny-coding"
+    spec = run["spec"]
+    spec["model"]["maxSequenceLength"] = 1024  # the system prompt and a task, in characters
+    spec["grpo"].update(groupSize=4, promptsPerStep=2, maxSteps=4)
+    spec["rollout"].update(environment="coding", maxTurns=2)
+    spec["dataset"] = {"inline": {"train": [{"task_id": "median"}, {"task_id": "slugify"}],
+                                  "validation": [{"task_id": "median"}]},
+                       "evalIntervalSteps": 2}
+    spec["output"] = {"s3Uri": "s3://mtrl-demo/runs/tiny-coding", "checkpointIntervalSteps": 2}
+    return run
+
+
+# In a worker pod's own container: the environment's sandbox scores the task's reference
+# solution after one relevant question, and says whether it could isolate the network.
+SANDBOX_IN_WORKER = ("mtrl env play coding --task median --ask 'what about an empty list?' "
+                     "--reference --json && python -c 'from mtrl_worker.environments import "
+                     "sandbox; print(\"isolated\", sandbox.network_isolated())'")
+
+
+def test_a_coding_run_with_deployment_workers_runs_its_sandbox_in_the_restricted_container(
+        real_node: Node, moto_for_pods: MotoServer) -> None:
+    """The `coding` environment with workers as a Deployment: the worker pods run as the
+    operator makes them (uid 65532, no capabilities, RuntimeDefault seccomp), the sandbox runs
+    and scores code inside such a container, and the run Succeeds with its columns filled and
+    nothing left in AWS. A random policy never writes a code block, so the sandbox is driven
+    in a worker pod of the run with `kubectl exec`, in the same container."""
+    cluster, ns = real_node.cluster, "coding"
+    cluster.kubectl("create", "namespace", ns)
+    endpoint = _install(real_node, moto_for_pods)
+    try:
+        run = _coding_run(endpoint)
+        name = run["metadata"]["name"]
+        apply(cluster, ns, run)
+        uid = wait_for(lambda: ((r := get(cluster, ns, name)) or {}).get("status") and r, 60,
+                       "the run to start")["metadata"]["uid"]
+        worker = wait_for(lambda: [p for p in replicas.pods(
+            cluster, ns, f"mtrl.dev/run-uid={uid},mtrl.dev/component=worker")
+            if replicas.ready(p)], 300, "a Ready worker pod")[0]
+        context = worker["spec"]["securityContext"] | worker["spec"]["containers"][0][
+            "securityContext"]
+        assert context["runAsUser"] == 65532 and context["capabilities"] == {"drop": ["ALL"]}
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}, context
+        played = cluster.kubectl("exec", "-n", ns, worker["metadata"]["name"], "-c", "worker",
+                                 "--", "sh", "-c", SANDBOX_IN_WORKER, check=False)
+        print(f"\n$ kubectl exec {worker['metadata']['name']} -- {SANDBOX_IN_WORKER}\n"
+              + played.stdout[-1500:] + played.stderr[-1500:])
+        assert played.returncode == 0, played.stderr
+        result = json.loads(played.stdout[:played.stdout.rindex("}") + 1])
+        metrics = {m["name"]: m["value"] for m in result["metrics_list"]}
+        assert metrics["correct_code"] == 1.0, metrics  # every hidden test passed
+        assert metrics["tests_passed"] == metrics["tests_total"] > 0, metrics
+        isolated = played.stdout.strip().splitlines()[-1]
+        assert isolated in ("isolated True", "isolated False"), played.stdout
+
+        try:
+            done = wait_phase(cluster, ns, name, "Succeeded", timeout=600)
+        finally:
+            _show(real_node, ns)
+        table = _dump(real_node, "get", "mtrlruns", "-n", ns, name)
+        header, row = table.splitlines()[:2]
+        cells = dict(zip(header.split(), row.split(), strict=False))
+        for column in ("COST", "STEP", "REWARD"):
+            assert cells.get(column) not in (None, "", "<none>"), table
+        assert done["status"]["attempts"] == 1, done["status"]
+        names = names_of(done, operator_id="default")
+        wait_for(lambda: not census.run_aws(names) and not census.run_k8s(
+            cluster, ns, names.uid, census.COMPUTE), 120,
+            "nothing of the run left in AWS or its compute in the cluster", interval=1)
+        cluster.kubectl("delete", "mtrlrun", name, "-n", ns, "--timeout=180s")
+        assert not census.all_aws("default")
+    finally:
+        cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
+                     "300s", check=False)
+
+
+MISSING_WORKER = "registry.invalid/mtrl/no-such-worker:1"
+
+
+def test_a_worker_image_that_does_not_exist_fails_the_run_before_any_trainer(
+        real_node: Node, moto_for_pods: MotoServer) -> None:
+    """Workers as a Deployment whose image the kubelet cannot pull: the run ends Failed within
+    its readyTimeoutSeconds, in words naming the image; no trainer workload is ever asked for
+    (the operator's requests are audited), and nothing of it is left in AWS."""
+    cluster, ns = real_node.cluster, "missing-image"
+    cluster.kubectl("create", "namespace", ns)
+    endpoint = _install(real_node, moto_for_pods)
+    try:
+        run = _example(endpoint)
+        run["metadata"]["name"] = "missing-worker"
+        run["spec"]["workers"].update(image=MISSING_WORKER, readyTimeoutSeconds=60)
+        name = run["metadata"]["name"]
+        apply(cluster, ns, run)
+        began = time.monotonic()
+        try:
+            failed = wait_phase(cluster, ns, name, "Failed", timeout=300)
+        finally:
+            _show(real_node, ns)
+        took = time.monotonic() - began
+        message = failed["status"].get("message", "")
+        print(f"\nFailed after {took:.0f}s: {message}")
+        assert MISSING_WORKER in message, failed["status"]
+        assert took < 60 + 90, took  # the timeout, and the kubelet's first pull and report
+        created = _created(cluster, ns)
+        assert "deployments" in created, created  # the audit log saw the workers asked for
+        assert not created & {"jobs", "pytorchjobs", "hyperpodpytorchjobs"}, created
+        names = names_of(failed, operator_id="default")
+        wait_for(lambda: not census.run_aws(names) and not census.run_k8s(
+            cluster, ns, names.uid, census.COMPUTE), 120,
+            "nothing of the run left in AWS or its compute in the cluster", interval=1)
+        cluster.kubectl("delete", "mtrlrun", name, "-n", ns, "--timeout=180s")
+        assert not census.all_aws("default")
+    finally:
+        cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
+                     "300s", check=False)
