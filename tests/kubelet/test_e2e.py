@@ -2,7 +2,10 @@
 default values except the image names and the AWS endpoint; its operator pods Ready, one holding
 the Lease; the tiny CPU example (manifests/examples/tiny-cpu.yaml, only its images and AWS
 endpoint changed) with workers as a Deployment Succeeds; its COST, STEP and REWARD columns fill;
-nothing of it is left in AWS; `helm uninstall` leaves nothing."""
+nothing of it is left in AWS; `helm uninstall` leaves nothing, the Lease included. Then, each
+with an install of its own: a trainer pod deleted mid-run, the Lease holder force-deleted, a
+`coding` run whose sandbox runs in the restricted worker container, and a worker image that
+does not exist."""
 
 from __future__ import annotations
 
