@@ -14,7 +14,6 @@ it, so two candidates cannot both win. A holder that cannot renew for `renew_dea
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import threading
@@ -198,7 +197,7 @@ class LeaderElector:
         if not self.holding():
             return
         self._renewed_at = None
-        with contextlib.suppress(Exception):
+        try:
             found = await self.store.read()
             if found is None or found[0].holder != self.identity:
                 return
@@ -206,7 +205,10 @@ class LeaderElector:
             await self.store.write(LeaseRecord(holder="", duration_seconds=1, acquire_time=now,
                                                renew_time=now,
                                                transitions=found[0].transitions), found[1])
-            log.info("released the lease")
+        except Exception as exc:  # the standby then waits out the lease duration, no more
+            log.warning("could not release the lease %s: %s", self.store, exc)
+            return
+        log.info("released the lease")
 
 
 class ElectionThread:

