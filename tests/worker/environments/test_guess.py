@@ -37,7 +37,9 @@ def test_binary_search_wins_and_the_answers_guide_it() -> None:
     episode = GuessEnvironment().episode({"secret": "12", "low": "1", "high": "20"},
                                          EpisodeLimits(10, 10_000))
     asyncio.run(episode.play(policy))
-    assert "from 1 to 20" in policy.seen[0][0] and len(policy.seen[0]) == 1
+    opening = len(policy.seen[0])  # the rules, the example game's turns, the new game
+    assert "from 1 to 20" in policy.seen[0][0] and opening == 11
+    assert [len(turn) - opening for turn in policy.seen[1:]] == [2, 4, 6]
     assert [turn[-1] for turn in policy.seen[1:]] == [
         "Higher. 5 guesses left.", "Lower. 4 guesses left.", "Lower. 3 guesses left."]
     score = episode.score()
@@ -84,17 +86,20 @@ def test_replies_in_the_shape_of_the_prompt_and_its_example_are_read(reply: str)
     assert extract_guess(reply, 70, 89) == 79
 
 
-def test_the_prompt_states_the_rules_and_an_example_game_that_is_not_this_one() -> None:
+def test_the_opening_states_the_rules_then_plays_an_example_game_as_chat_turns() -> None:
     episode = GuessEnvironment().episode({"secret": "50", "low": "37", "high": "56"},
                                          EpisodeLimits(16, 10_000))
-    (opening,) = episode.opening
-    prompt = opening.content
-    assert opening.role == "user"
-    assert "from 37 to 56" in prompt and "at most 6 tries" in prompt
-    assert '"Higher." (my number is bigger)' in prompt and "wastes a try" in prompt
-    example = prompt.split("where my number was ")[1]
-    assert example.startswith("42:\nYou: 46\nMe: Lower. 5 guesses left.\nYou: 41\n")
-    assert "You: 42\nMe: Correct!\n\nNow a new game" in example
+    rules, *example, again = episode.opening
+    assert rules.role == "user" and "from 37 to 56" in rules.content
+    assert "at most 6 tries" in rules.content and '"Higher." (my number is bigger)' in rules.content
+    # The example (secret 42, not this game's 50) as the assistant's guesses and the game's
+    # answers, in turns: what the model copies its reply format from.
+    assert [(m.role, m.content) for m in example] == [
+        ("assistant", "46"), ("user", "Lower. 5 guesses left."), ("assistant", "41"),
+        ("user", "Higher. 4 guesses left."), ("assistant", "43"),
+        ("user", "Lower. 3 guesses left."), ("assistant", "42")]
+    assert (again.role, again.content) == (
+        "user", "Correct! Let's play again: a new number from 37 to 56. Your first guess?")
 
 
 def test_docs_show_exactly_what_the_model_sees() -> None:
@@ -102,7 +107,7 @@ def test_docs_show_exactly_what_the_model_sees() -> None:
     shown = docs.split("### `guess`")[1].split("```text\n")[1].split("\n```")[0]
     episode = GuessEnvironment().episode({"secret": "12", "low": "1", "high": "20"},
                                          EpisodeLimits(16, 10_000))
-    assert shown == episode.opening[0].content
+    assert shown == "\n".join(f"{m.role}: {m.content}" for m in episode.opening)
 
 
 @pytest.mark.parametrize("secret", range(1, 21))

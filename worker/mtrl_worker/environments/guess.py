@@ -13,10 +13,10 @@ Rules: a reply's guess is its first whole number in the range. Every reply takes
 number in the range is invalid, a number guessed before is repeated; both are told so and
 penalised. Otherwise the answer is "Higher.", "Lower." or "Correct!" (which ends the game).
 
-The prompt states these rules and shows one example game in the task's own range, played by
-halving and answered in the game's own words (`example_game`), so a small model starts from a
-reply format it can copy: the first number of a reply is its guess, and the example's first
-guess (the middle of the range) is also the best one. The example's secret is fixed by the range
+The opening states these rules, then plays one example game in the task's own range in the same
+chat (its guesses as the assistant's turns, the game's answers as the user's; `opening`),
+played by halving and answered in the game's own words (`example_game`), so a small model starts
+from a reply format it can copy (a bare number). The example's secret is fixed by the range
 alone (just below three quarters of the way up, or just above a quarter where that is the
 task's secret), so the example never gives the answer away.
 
@@ -62,15 +62,13 @@ GENERATED_SEED = 0  # fixed: a run's generated tasks must not change when it res
 TURN_VALID = 0.04  # a turn's reward for a valid new guess
 TURN_CONSISTENT = 0.04  # and for one inside the range the answers so far leave
 
-PROMPT = (
+RULES = (
     "Let's play a game. I'm thinking of a whole number from {low} to {high}. Guess it in at "
     "most {turns} tries. Reply with just your guess, a single number from {low} to {high}. "
     "After each guess I answer \"Higher.\" (my number is bigger), \"Lower.\" (my number is "
-    "smaller) or \"Correct!\". A reply without a number from {low} to {high}, or a number you "
-    "guessed before, wastes a try. Each answer halves what is left if you guess the middle of "
-    "the numbers still possible.\n\nAn example game, where my number was {example_secret}:\n"
-    "{example}\n\nNow a new game with a new number from {low} to {high}. Your first guess?"
+    "smaller) or \"Correct!\". Your first guess?"
 )
+AGAIN = "Correct! Let's play again: a new number from {low} to {high}. Your first guess?"
 _NUMBER = re.compile(r"-?\d+")
 
 
@@ -163,11 +161,22 @@ def example_game(low: int, high: int, secret: int, max_guesses: int) -> tuple[in
     return example_secret, lines
 
 
-def prompt(game: GuessGame) -> str:
-    """What the model sees before its first guess: the rules and one example game."""
-    example_secret, lines = example_game(game.low, game.high, game.secret, game.max_guesses)
-    return PROMPT.format(low=game.low, high=game.high, turns=game.max_guesses,
-                         example_secret=example_secret, example="\n".join(lines))
+def opening(game: GuessGame) -> list[ChatMessage]:
+    """What the model sees before its first guess: the rules, one example game in the same
+    chat (the example's guesses as the assistant's turns, the game's answers as the user's),
+    and the new game. SmolLM2-135M-Instruct copies the reply format from turns it sees in the
+    chat, not from a transcript inside one message: over 16 games its greedy first reply held a
+    valid guess 16 times with the example as turns and 0 times with it as text (it answered "I'm
+    not sure what to say."); sampled, 41 of 64 against 6 (docs/environments.md)."""
+    _, lines = example_game(game.low, game.high, game.secret, game.max_guesses)
+    messages = [ChatMessage(role="user", content=RULES.format(
+        low=game.low, high=game.high, turns=game.max_guesses))]
+    for guess, answer in zip(lines[::2], lines[1::2], strict=True):
+        answer = answer.removeprefix("Me: ")
+        messages += [ChatMessage(role="assistant", content=guess.removeprefix("You: ")),
+                     ChatMessage(role="user", content=AGAIN.format(low=game.low, high=game.high)
+                                 if answer == "Correct!" else answer)]
+    return messages
 
 
 class GuessEnvironment(Environment):
@@ -197,8 +206,8 @@ class GuessEnvironment(Environment):
     def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> GameEpisode:
         game = GuessGame(int(task["secret"]), int(task.get("low", 1)), int(task.get("high", SPAN)),
                          min(self.max_guesses, limits.max_turns))
-        # One user message, no system prompt: small instruction-tuned models follow it better.
-        return GameEpisode(game, [ChatMessage(role="user", content=prompt(game))])
+        # No system prompt: the model's chat template puts its own.
+        return GameEpisode(game, opening(game))
 
     @classmethod
     def generate_tasks(cls, count: int, split: str) -> list[dict[str, Any]]:
