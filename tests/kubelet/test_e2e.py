@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -108,12 +109,7 @@ def test_the_chart_runs_the_tiny_example_on_real_containers(
             assert cells.get(column) not in (None, "", "<none>"), table
         assert status["phase"] == "Succeeded"
 
-        names = names_of(run, operator_id="default")
-        wait_for(lambda: not census.run_aws(names) and not census.run_k8s(
-            cluster, runs_ns, names.uid, census.COMPUTE), 120,
-            "nothing of the run left in AWS or its compute in the cluster", interval=1)
-        cluster.kubectl("delete", "mtrlrun", name, "-n", runs_ns, "--timeout=180s")
-        assert not census.all_aws("default")
+        _nothing_left(cluster, runs_ns, run)
         assert not census.all_k8s(cluster, runs_ns)
     finally:
         audited = _audited(cluster)
@@ -409,15 +405,21 @@ def test_a_coding_run_with_deployment_workers_runs_its_sandbox_in_the_restricted
         for column in ("COST", "STEP", "REWARD"):
             assert cells.get(column) not in (None, "", "<none>"), table
         assert done["status"]["attempts"] == 1, done["status"]
-        names = names_of(done, operator_id="default")
-        wait_for(lambda: not census.run_aws(names) and not census.run_k8s(
-            cluster, ns, names.uid, census.COMPUTE), 120,
-            "nothing of the run left in AWS or its compute in the cluster", interval=1)
-        cluster.kubectl("delete", "mtrlrun", name, "-n", ns, "--timeout=180s")
-        assert not census.all_aws("default")
+        _nothing_left(cluster, ns, done)
     finally:
         cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
                      "300s", check=False)
+
+
+def _nothing_left(cluster: LocalCluster, ns: str, run: dict[str, Any]) -> None:
+    """The finished run's AWS resources and compute are gone; deleting it leaves nothing of
+    the operator's in AWS."""
+    names = names_of(run, operator_id="default")
+    wait_for(lambda: not census.run_aws(names) and not census.run_k8s(
+        cluster, ns, names.uid, census.COMPUTE), 120,
+        "nothing of the run left in AWS or its compute in the cluster", interval=1)
+    cluster.kubectl("delete", "mtrlrun", run["metadata"]["name"], "-n", ns, "--timeout=180s")
+    assert not census.all_aws("default")
 
 
 MISSING_WORKER = "registry.invalid/mtrl/no-such-worker:1"
@@ -450,12 +452,7 @@ def test_a_worker_image_that_does_not_exist_fails_the_run_before_any_trainer(
         created = _created(cluster, ns)
         assert "deployments" in created, created  # the audit log saw the workers asked for
         assert not created & {"jobs", "pytorchjobs", "hyperpodpytorchjobs"}, created
-        names = names_of(failed, operator_id="default")
-        wait_for(lambda: not census.run_aws(names) and not census.run_k8s(
-            cluster, ns, names.uid, census.COMPUTE), 120,
-            "nothing of the run left in AWS or its compute in the cluster", interval=1)
-        cluster.kubectl("delete", "mtrlrun", name, "-n", ns, "--timeout=180s")
-        assert not census.all_aws("default")
+        _nothing_left(cluster, ns, failed)
     finally:
         cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
                      "300s", check=False)

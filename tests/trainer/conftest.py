@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -120,6 +122,26 @@ class TrainingRun:
             # Two cores shared with the worker and moto: one intra-op thread is fastest.
             "OMP_NUM_THREADS": "1",
         }, name)
+
+    def terminate_at(self, trainer: subprocess.Popen[bytes], name: str, step: int,
+                     store: Any, timeout_s: float) -> int:
+        """SIGTERM to `trainer` once it has reported `step`: it exits 143 with one checkpoint,
+        at that step or the one it was playing, and says so in its termination message. The
+        checkpoint's step."""
+        deadline = time.monotonic() + timeout_s
+        while ((self.progress() or {}).get("step") or 0) < step:
+            assert trainer.poll() is None, self.log(name)[-3000:]
+            assert time.monotonic() < deadline, f"no step {step} in {timeout_s:.0f} s"
+            time.sleep(0.05)
+        reported = self.progress()["step"]
+        trainer.send_signal(signal.SIGTERM)
+        assert trainer.wait(60) == 143, self.log(name)[-3000:]
+        saved = store.committed_steps()
+        assert len(saved) == 1 and saved[0] in (reported, reported + 1), (saved, reported)
+        total = (self.progress() or {}).get("totalSteps")
+        assert self.termination_message() == (f"terminated by SIGTERM at step {saved[0]}/{total}: "
+                                              f"checkpoint saved at step {saved[0]}")
+        return int(saved[0])
 
     @property
     def termination_path(self) -> Path:

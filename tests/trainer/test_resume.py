@@ -69,18 +69,7 @@ def test_sigterm_saves_a_checkpoint_at_the_step_it_was_on_and_the_next_start_con
     store = CheckpointStore(training_run.output_uri(spec), keep=10, client=boto3.client("s3"))
     training_run.start_worker()
     first = training_run.start_trainer(spec, "trainer-1")
-    deadline = time.monotonic() + 120
-    while ((training_run.progress() or {}).get("step") or 0) < 3:
-        assert first.poll() is None, training_run.log("trainer-1")[-3000:]
-        assert time.monotonic() < deadline, "no step 3 in time"
-        time.sleep(0.05)
-    reported = training_run.progress()["step"]
-    first.send_signal(signal.SIGTERM)
-    assert first.wait(60) == 143, training_run.log("trainer-1")[-3000:]
-    saved = store.committed_steps()
-    assert len(saved) == 1 and saved[0] in (reported, reported + 1), (saved, reported)
-    assert training_run.termination_message() == \
-        f"terminated by SIGTERM at step {saved[0]}/8: checkpoint saved at step {saved[0]}"
+    saved = [training_run.terminate_at(first, "trainer-1", 3, store, timeout_s=120)]
     assert training_run.progress()["latestCheckpoint"].endswith(f"step-{saved[0]:06d}/")
 
     second = training_run.start_trainer(spec, "trainer-2")
