@@ -42,7 +42,10 @@ def _history(run: TrainingRun, spec: dict, step: int) -> list[dict]:
 def test_runs_sharing_an_output_prefix_train_apart_and_resume_only_when_told(
         training_runs: Callable[[], TrainingRun]) -> None:
     first, second, third = training_runs(), training_runs(), training_runs()
-    spec = run_spec(first.bucket, maxSteps=2)
+    # 48 new tokens: the random policy then samples the target in some group of each step, so
+    # each run trains (at 12, every group of a 2-step run scored 0 in a CI run, and the trainer
+    # rightly ended 'nothing trained').
+    spec = run_spec(first.bucket, maxSteps=2, maxNewTokens=48)
     spec["output"] |= {"checkpointIntervalSteps": 1, "keepCheckpoints": 10}
     spec["dataset"]["evalIntervalSteps"] = 0
     s3 = boto3.client("s3")
