@@ -149,7 +149,9 @@ def test_greedy_evaluation_decodes_the_policys_own_best_and_every_play_is_record
     if engine == "trl":
         pytest.importorskip("trl")
     run = training_runs()
-    spec = run_spec(run.bucket, maxSteps=2)
+    # 48 new tokens: the random policy samples the target in some group, so the run trains and
+    # exits 0 (at 12, two steps can score 0 everywhere: 'nothing trained', as test_output met).
+    spec = run_spec(run.bucket, maxSteps=2, maxNewTokens=48)
     spec["dataset"] |= {"evalIntervalSteps": 2, "evalOnStart": True, "evalGreedy": True,
                         "evalPassAtK": [1, 4]}
     if engine == "trl":
