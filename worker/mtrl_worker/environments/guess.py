@@ -145,20 +145,22 @@ class GuessGame(GuessingGame[int | None]):
         )
 
 
-def example_game(low: int, high: int, secret: int, max_guesses: int) -> tuple[int, list[str]]:
-    """The prompt's example: its secret and its lines, a game played by halving the numbers
-    still possible and answered by the game itself. The secret is fixed by the range (just
-    below three quarters of the way up, or just above a quarter where that is the task's
-    `secret`): in a range of 20 halving then meets "Higher." and "Lower." before it wins."""
+def example_game(low: int, high: int, secret: int,
+                 max_guesses: int) -> tuple[int, list[tuple[int, str]]]:
+    """The opening's example: its secret and its moves (each guess and the game's answer), a
+    game played by halving the numbers still possible and answered by the game itself. The
+    secret is fixed by the range (just below three quarters of the way up, or just above a
+    quarter where that is the task's `secret`): in a range of 20 halving then meets "Higher."
+    and "Lower." before it wins."""
     example_secret = max(low, low + 3 * (high - low) // 4 - 1)
     if example_secret == secret:
         example_secret = min(high, low + (high - low) // 4 + 1)
     game = GuessGame(example_secret, low, high, max_guesses)
-    lines = []
+    moves = []
     while not game.over:
         guess = (game.allowed[0] + game.allowed[1]) // 2
-        lines += [f"You: {guess}", f"Me: {game.play(str(guess))}"]
-    return example_secret, lines
+        moves.append((guess, game.play(str(guess))))
+    return example_secret, moves
 
 
 def opening(game: GuessGame) -> list[ChatMessage]:
@@ -168,12 +170,11 @@ def opening(game: GuessGame) -> list[ChatMessage]:
     chat, not from a transcript inside one message: over 16 games its greedy first reply held a
     valid guess 16 times with the example as turns and 0 times with it as text (it answered "I'm
     not sure what to say."); sampled, 41 of 64 against 6 (docs/environments.md)."""
-    _, lines = example_game(game.low, game.high, game.secret, game.max_guesses)
+    _, moves = example_game(game.low, game.high, game.secret, game.max_guesses)
     messages = [ChatMessage(role="user", content=RULES.format(
         low=game.low, high=game.high, turns=game.max_guesses))]
-    for guess, answer in zip(lines[::2], lines[1::2], strict=True):
-        answer = answer.removeprefix("Me: ")
-        messages += [ChatMessage(role="assistant", content=guess.removeprefix("You: ")),
+    for guess, answer in moves:
+        messages += [ChatMessage(role="assistant", content=str(guess)),
                      ChatMessage(role="user", content=AGAIN.format(low=game.low, high=game.high)
                                  if answer == "Correct!" else answer)]
     return messages
