@@ -15,13 +15,16 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import boto3
 import pytest
 
 from mtrl_rollout.queues import RunQueues, create_run_queues, resource_tags
 from mtrl_testbed.ports import free_port
+
+if TYPE_CHECKING:
+    from mtrl_trainer.checkpoint import CheckpointStore
 
 ARTIFACTS = Path(os.environ.get("MTRL_TEST_ARTIFACTS", Path(__file__).parents[2] / "out" / "test"))
 TARGET_CHAR = "a"
@@ -123,17 +126,22 @@ class TrainingRun:
             "OMP_NUM_THREADS": "1",
         }, name)
 
-    def terminate_at(self, trainer: subprocess.Popen[bytes], name: str, step: int,
-                     store: Any, timeout_s: float) -> int:
-        """SIGTERM to `trainer` once it has reported `step`: it exits 143 with one checkpoint,
-        at that step or the one it was playing, and says so in its termination message. The
-        checkpoint's step."""
+    def wait_for_step(self, trainer: subprocess.Popen[bytes], name: str, step: int,
+                      timeout_s: float) -> int:
+        """Until `trainer` (still running) has reported `step`; the step it reported."""
         deadline = time.monotonic() + timeout_s
         while ((self.progress() or {}).get("step") or 0) < step:
             assert trainer.poll() is None, self.log(name)[-3000:]
             assert time.monotonic() < deadline, f"no step {step} in {timeout_s:.0f} s"
             time.sleep(0.05)
-        reported = self.progress()["step"]
+        return int(self.progress()["step"])
+
+    def terminate_at(self, trainer: subprocess.Popen[bytes], name: str, step: int,
+                     store: CheckpointStore, timeout_s: float) -> int:
+        """SIGTERM to `trainer` once it has reported `step`: it exits 143 with one checkpoint,
+        at that step or the one it was playing, and says so in its termination message. The
+        checkpoint's step."""
+        reported = self.wait_for_step(trainer, name, step, timeout_s)
         trainer.send_signal(signal.SIGTERM)
         assert trainer.wait(60) == 143, self.log(name)[-3000:]
         saved = store.committed_steps()

@@ -150,11 +150,7 @@ def test_a_rank_of_the_trainer_that_dies_fails_the_launcher_without_143(training
     spec["dataset"]["evalIntervalSteps"] = 0
     training_run.start_worker()
     launcher = training_run.start_trainer(spec, "trainer", processes=2)
-    deadline = time.monotonic() + 180
-    while ((training_run.progress() or {}).get("step") or 0) < 2:
-        assert launcher.poll() is None, training_run.log("trainer")[-3000:]
-        assert time.monotonic() < deadline, "no step 2 in time"
-        time.sleep(0.05)
+    training_run.wait_for_step(launcher, "trainer", 2, timeout_s=180)
     ranks = [p for p in psutil.Process(launcher.pid).children(recursive=True)
              if "mtrl_trainer" in p.cmdline() and "torch.distributed.run" not in p.cmdline()]
     assert len(ranks) == 2, [p.cmdline() for p in ranks]
