@@ -102,19 +102,14 @@ def test_the_chart_runs_the_tiny_example_on_real_containers(
         finally:
             _show(real_node, runs_ns)
         status = run["status"]
-        table = _dump(real_node, "get", "mtrlruns", "-n", runs_ns, name)
-        header, row = table.splitlines()[:2]
-        cells = dict(zip(header.split(), row.split(), strict=False))
-        for column in ("COST", "STEP", "REWARD"):
-            assert cells.get(column) not in (None, "", "<none>"), table
+        _columns_filled(real_node, runs_ns, name)
         assert status["phase"] == "Succeeded"
 
         _nothing_left(cluster, runs_ns, run)
         assert not census.all_k8s(cluster, runs_ns)
     finally:
         audited = _audited(cluster)
-        cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
-                     "300s", check=False)
+        _uninstall(cluster)
     left = wait_for(lambda: (not replicas.pods(cluster, RELEASE_NS, SELECTOR) and _leftovers(
         real_node) == "") or None, 120, "helm uninstall to leave nothing", interval=1)
     assert left is True
@@ -231,8 +226,7 @@ def test_a_deleted_trainer_pod_checkpoints_on_sigterm_and_the_next_resumes(
         cluster.kubectl("delete", "mtrlrun", name, "-n", ns, "--timeout=180s")
     finally:
         _show(real_node, ns)
-        cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
-                     "300s", check=False)
+        _uninstall(cluster)
 
 
 def test_the_standby_takes_over_from_a_leader_force_deleted_mid_provisioning(
@@ -269,8 +263,7 @@ def test_the_standby_takes_over_from_a_leader_force_deleted_mid_provisioning(
         assert not census.all_aws("default")
     finally:
         _show(real_node, ns)
-        cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
-                     "300s", check=False)
+        _uninstall(cluster)
 
 
 def _show(node: Node, runs_ns: str) -> None:
@@ -399,16 +392,25 @@ def test_a_coding_run_with_deployment_workers_runs_its_sandbox_in_the_restricted
             _show(real_node, ns)
         assert done["status"]["phase"] == "Succeeded", done["status"].get("message")
         print("progress:", json.dumps(done["status"].get("progress"))[:1500])
-        table = _dump(real_node, "get", "mtrlruns", "-n", ns, name)
-        header, row = table.splitlines()[:2]
-        cells = dict(zip(header.split(), row.split(), strict=False))
-        for column in ("COST", "STEP", "REWARD"):
-            assert cells.get(column) not in (None, "", "<none>"), table
+        _columns_filled(real_node, ns, name)
         assert done["status"]["attempts"] == 1, done["status"]
         _nothing_left(cluster, ns, done)
     finally:
-        cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
-                     "300s", check=False)
+        _uninstall(cluster)
+
+
+def _columns_filled(node: Node, ns: str, name: str) -> None:
+    """`kubectl get mtrlruns` shows the run's COST, STEP and REWARD."""
+    table = _dump(node, "get", "mtrlruns", "-n", ns, name)
+    header, row = table.splitlines()[:2]
+    cells = dict(zip(header.split(), row.split(), strict=False))
+    for column in ("COST", "STEP", "REWARD"):
+        assert cells.get(column) not in (None, "", "<none>"), table
+
+
+def _uninstall(cluster: LocalCluster) -> None:
+    cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout", "300s",
+                 check=False)
 
 
 def _nothing_left(cluster: LocalCluster, ns: str, run: dict[str, Any]) -> None:
@@ -454,5 +456,4 @@ def test_a_worker_image_that_does_not_exist_fails_the_run_before_any_trainer(
         assert not created & {"jobs", "pytorchjobs", "hyperpodpytorchjobs"}, created
         _nothing_left(cluster, ns, failed)
     finally:
-        cluster.helm("uninstall", "mtrl-operator", "-n", RELEASE_NS, "--wait", "--timeout",
-                     "300s", check=False)
+        _uninstall(cluster)
