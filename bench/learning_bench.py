@@ -263,12 +263,15 @@ def main(args: argparse.Namespace) -> None:
                             files=("metrics.jsonl", "eval.jsonl"))
         results.append(summary(args, seed, out["metrics.jsonl"], out["eval.jsonl"],
                                time.monotonic() - started))
-        # The largest resident set of any child so far: the trainers (the worker is far smaller).
-        results[-1]["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
     table(args, results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(learning_json(args, results), indent=1) + "\n")
+        numbers = learning_json(args, results)
+        # The largest resident set of any child, over all seeds (a maximum, not per seed): a
+        # trainer's (the worker is far smaller).
+        numbers["trainer_peak_rss_gib"] = (resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+                                           / 2**20)
+        args.json.write_text(json.dumps(numbers, indent=1) + "\n")
         print(f"\n> Numbers: {args.json}")
     if args.png:
         plot(results, args.png, args.model)
