@@ -42,6 +42,14 @@ call of every client made a new TCP connection and moto a new thread. `KeepAlive
 reads a request's whole body (its Content-Length) before moto sees it, so nothing is left to
 drain, and leaves the connection open; a chunked body or `Expect: 100-continue` still closes
 it, as before.
+And a RunTask that botocore repeats after losing its answer (a read timeout, a reset
+connection, a 5xx) starts its tasks once. Real ECS answers a repeated `clientToken` with the
+first call's tasks (RunTask API reference: "An identifier that you provide to ensure the
+idempotency of the request"); moto ignores the token and started them again: a clean-clone CI
+run saw 4 live tasks of a run with `maxReplicas: 2` beside a second install. `answer_retries_once`
+honours the token for a retry of the same call only, as botocore marks it (the same
+`amz-sdk-invocation-id` header): a new call with an old token still starts new tasks, so an
+operator that skipped its look-up before RunTask still fails the crash tests.
 """
 
 from __future__ import annotations
@@ -58,11 +66,13 @@ from typing import Any
 import moto.server
 from moto import backends
 from moto.core.utils import unix_time
+from moto.ecs.responses import EC2ContainerServiceResponse
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 from moto.server import MotoRequestHandler
 from moto.sqs.models import Message, Queue, SQSBackend
 
 BACKENDS = threading.Lock()  # held while moto reads or changes its state for a request
+log = logging.getLogger("mtrl.moto")
 
 WsgiApp = Callable[[Any, dict[str, Any], Any], Iterable[bytes]]
 
@@ -119,6 +129,27 @@ def unlocked_while_waiting(wait: Callable[[Queue, int], None]) -> Callable[[Queu
     return waiting
 
 
+def answer_retries_once(run_task: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """`EC2ContainerServiceResponse.run_task`, answering a retry of one call (the same
+    invocation id and clientToken) with the tasks its first attempt started."""
+    answered: dict[tuple[str, str], Any] = {}
+
+    @functools.wraps(run_task)
+    def once(self: Any) -> Any:
+        key = (self.headers.get("amz-sdk-invocation-id") or "",
+               self._get_param("clientToken") or "")
+        if not all(key):
+            return run_task(self)
+        if key in answered:
+            log.warning("RunTask retried (invocation %s, clientToken %s): answered with its "
+                        "first attempt's tasks, as ECS does", *key)
+        else:
+            answered[key] = run_task(self)
+        return answered[key]
+
+    return once
+
+
 def serialize() -> None:
     DomainDispatcherApplication.__call__ = one_at_a_time(  # type: ignore[method-assign]
         DomainDispatcherApplication.__call__)
@@ -164,6 +195,9 @@ def main(argv: list[str]) -> None:
     patch()
     read_modules_once()
     serialize()
+    EC2ContainerServiceResponse.run_task = answer_retries_once(  # type: ignore[method-assign]
+        EC2ContainerServiceResponse.run_task)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     moto.server.MotoRequestHandler = KeepAliveHandler  # type: ignore[misc]
     moto.server.main(argv)

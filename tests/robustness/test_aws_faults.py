@@ -71,8 +71,9 @@ def _reconcile_errors(cluster: LocalCluster, namespace: str) -> int:
 
 
 def _tasks_started(names: RunNames) -> int:
-    """ECS tasks a run ever started. More than maxReplicas means a RunTask whose answer was
-    lost was repeated by botocore: real ECS deduplicates it by clientToken, moto does not."""
+    """ECS tasks a run ever started. A RunTask whose answer was lost is repeated by botocore
+    with the same clientToken, which ECS (and the test bed's moto) answers with the first
+    attempt's tasks; no task stops on its own here, so every run started maxReplicas."""
     return len(boto3.client("ecs").list_tasks(cluster="default", startedBy=names.started_by,
                                               desiredStatus="STOPPED")["taskArns"])
 
@@ -110,3 +111,5 @@ def test_runs_succeed_and_nothing_leaks_under_aws_faults(
           f"ECS tasks started/maxReplicas: {started}")
     assert sum(plan.injected.values()) > 0
     assert all(plan.injected[kind] > 0 for kind in KINDS), plan.injected
+    assert all(s == f"{RUNS[n]['maxReplicas']}/{RUNS[n]['maxReplicas']}"
+               for n, s in started.items()), started

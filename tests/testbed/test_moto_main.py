@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import http.client
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -15,6 +17,7 @@ from moto.sqs.models import Queue, SQSBackend
 from mtrl_testbed import moto_main
 from mtrl_testbed.moto import REGION, MotoServer
 from mtrl_testbed.ports import wait_until
+from tests.robustness.faults import FaultPlan, FaultProxy
 
 RETENTION_S = 60  # SQS's shortest MessageRetentionPeriod
 SQS_FORM = {"Content-Type": "application/x-www-form-urlencoded",
@@ -200,3 +203,47 @@ def test_no_message_is_lost_to_concurrent_sends_and_deletes(
         assert "Traceback" not in (tmp_path / "moto.log").read_text()
     finally:
         server.stop()
+
+
+
+class _LoseFirstRunTaskAnswer(FaultPlan):
+    """moto starts the tasks of the first RunTask; its answer never reaches the client."""
+
+    def choose(self, operation: str) -> str | None:
+        if operation == "RunTask" and not self.injected:
+            self.injected["lost-response"] += 1
+            return "lost-response"
+        return None
+
+
+def _run_task(ecs: Any, family: str, token: str, subnet: str, group: str) -> list[str]:
+    answer = ecs.run_task(cluster="retried", taskDefinition=family, count=2,
+                          launchType="FARGATE", startedBy=family, clientToken=token,
+                          networkConfiguration={"awsvpcConfiguration": {
+                              "subnets": [subnet], "securityGroups": [group]}})
+    return sorted(t["taskArn"] for t in answer["tasks"])
+
+
+def test_a_run_task_retried_after_a_lost_answer_starts_its_tasks_once(
+        moto_server: MotoServer, aws_env: dict[str, str]) -> None:
+    """botocore repeats a RunTask whose answer was lost, with the same clientToken; ECS answers
+    the repeat with the tasks the first attempt started, and so does the test bed's moto. A
+    new call with that token (an operator restarted without looking first) starts new ones."""
+    network = moto_server.prepare_fargate("retried")
+    family = f"retried-{uuid.uuid4().hex[:8]}"
+    ecs = boto3.client("ecs")
+    ecs.register_task_definition(family=family, requiresCompatibilities=["FARGATE"],
+                                 networkMode="awsvpc", cpu="256", memory="512",
+                                 containerDefinitions=[{"name": "w", "image": "w:1",
+                                                        "cpu": 256, "memory": 512}])
+    with FaultProxy(moto_server.endpoint, _LoseFirstRunTaskAnswer(1.0)) as proxy:
+        answered = _run_task(boto3.client("ecs", endpoint_url=proxy.endpoint), family, "t-1",
+                             *network)
+    assert proxy.plan.injected["lost-response"] == 1
+    started = ecs.list_tasks(cluster="retried", startedBy=family)["taskArns"]
+    assert len(answered) == 2 and sorted(started) == answered
+
+    again = _run_task(ecs, family, "t-1", *network)
+    started = ecs.list_tasks(cluster="retried", startedBy=family)["taskArns"]
+    assert len(started) == 4 and not set(again) & set(answered)
+
