@@ -18,7 +18,9 @@ greedily (once), and every play is a line of the run's eval.jsonl. Per seed and 
 The random-valid-play baseline (distinct guesses in the range that ignore the answers: T/N of
 the games, 30% at 6 guesses over 20) is a row of its own. The table goes to stdout
 (BENCHMARKS.md), the reward curves of all seeds to one PNG, the numbers to
-bench/results/learning.json (rates as fractions), so runs can be compared from turn to turn:
+bench/results/learning.json (rates as fractions), so runs can be compared from turn to turn.
+Seeds may run one at a time (`--seeds 1`): the file keeps the seeds it holds that were
+measured with the same setup and not run again, and the table and PNG show them all.
 
     {"seeds": [{"seed", "minutes", "greedy": {"before", "after", "after_interval": [low, high],
                 "gain_interval": [low, high], ...}, "sampled": {...}}], ...}
@@ -251,6 +253,16 @@ def plot(results: list[dict[str, Any]], path: Path, model: str) -> None:
     print(f"\n> Reward curves: {path}")
 
 
+def earlier_seeds(path: Path | None, setup: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
+    """The seeds `path` holds that were measured with `setup`, and its trainer peak RSS."""
+    if path is None or not path.exists():
+        return [], 0.0
+    earlier = json.loads(path.read_text())
+    if earlier.get("setup") != setup:
+        return [], 0.0
+    return earlier["seeds"], earlier.get("trainer_peak_rss_gib", 0.0)
+
+
 def main(args: argparse.Namespace) -> None:
     results = []
     # Kept: each seed's trainer and worker logs, and a failed seed's metrics.jsonl and eval.jsonl.
@@ -263,14 +275,18 @@ def main(args: argparse.Namespace) -> None:
                             files=("metrics.jsonl", "eval.jsonl"))
         results.append(summary(args, seed, out["metrics.jsonl"], out["eval.jsonl"],
                                time.monotonic() - started))
+    numbers = learning_json(args, results)
+    earlier, earlier_rss = earlier_seeds(args.json, numbers["setup"])
+    results = sorted([r for r in earlier if r["seed"] not in args.seeds] + results,
+                     key=lambda r: r["seed"])
     table(args, results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        numbers = learning_json(args, results)
+        numbers["seeds"] = results
         # The largest resident set of any child, over all seeds (a maximum, not per seed): a
         # trainer's (the worker is far smaller).
-        numbers["trainer_peak_rss_gib"] = (resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-                                           / 2**20)
+        numbers["trainer_peak_rss_gib"] = max(
+            earlier_rss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20)
         args.json.write_text(json.dumps(numbers, indent=1) + "\n")
         print(f"\n> Numbers: {args.json}")
     if args.png:

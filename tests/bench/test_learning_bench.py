@@ -119,3 +119,16 @@ def test_the_bench_trains_with_turn_credit_and_evaluates_greedy_too() -> None:
     from mtrl_api.run import MultiTurnRLRunSpec
 
     MultiTurnRLRunSpec.model_validate(spec)  # a run the operator would accept
+
+
+def test_seeds_run_one_at_a_time_add_up_in_learning_json(tmp_path: Path) -> None:
+    """A seed run alone keeps the file's other seeds of the same setup; another setup's are
+    not mixed in."""
+    args = _args()
+    path = tmp_path / "learning.json"
+    assert bench.earlier_seeds(path, {}) == ([], 0.0)
+    document = bench.learning_json(args, [{"seed": 0, "minutes": 40.0}])
+    path.write_text(json.dumps({**document, "trainer_peak_rss_gib": 6.5}))
+    assert bench.earlier_seeds(path, document["setup"]) == ([{"seed": 0, "minutes": 40.0}], 6.5)
+    other = bench.learning_json(_args(**{"learning-rate": 1e-3}), [])["setup"]
+    assert bench.earlier_seeds(path, other) == ([], 0.0)
