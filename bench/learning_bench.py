@@ -52,8 +52,14 @@ RESAMPLES = 10_000
 MODES = ("greedy", "sampled")
 
 
+def advantage_level(engine: str) -> str:
+    """Turn credit where the engine has it; TRL gives an episode's tokens one advantage."""
+    return "episode" if engine == "trl" else "turn"
+
+
 def spec(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     return {
+        "trainer": {"engine": args.engine, "gpusPerNode": 0},  # the trainer runs on CPU
         "model": {"name": args.model, "dtype": "float32", "maxSequenceLength": 1024,
                   "lora": {"rank": 16, "alpha": 32, "dropout": 0.0},
                   # 1.5x faster updates without, and memory to spare (bench/step_speed.py)
@@ -61,7 +67,8 @@ def spec(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         "grpo": {"groupSize": args.group, "promptsPerStep": args.prompts, "maxSteps": args.steps,
                  "learningRate": args.learning_rate, "maxNewTokens": args.max_new_tokens,
                  "temperature": args.temperature, "seed": seed,
-                 "gradientAccumulationSteps": args.accumulate, "advantageLevel": "turn"},
+                 "gradientAccumulationSteps": args.accumulate,
+                 "advantageLevel": advantage_level(args.engine)},
         "rollout": {"environment": "guess", "environmentArgs": {"max_guesses": str(args.guesses)},
                     "maxTurns": args.guesses, "episodeTimeoutSeconds": 1800},
         "dataset": {"generated": {"trainSize": args.steps * args.prompts,
@@ -229,12 +236,13 @@ def learning_json(args: argparse.Namespace, results: list[dict[str, Any]]) -> di
                   "group": args.group, "validation": args.validation,
                   "pass_at_k": args.pass_at_k, "guesses": args.guesses,
                   "learning_rate": args.learning_rate, "temperature": args.temperature,
-                  "max_new_tokens": args.max_new_tokens, "advantage_level": "turn",
+                  "max_new_tokens": args.max_new_tokens, "engine": args.engine,
+                  "advantage_level": advantage_level(args.engine),
                   "cpus": os.cpu_count()},
     }
 
 
-def plot(results: list[dict[str, Any]], path: Path, model: str) -> None:
+def plot(results: list[dict[str, Any]], path: Path, model: str, engine: str) -> None:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6.4, 3.6), dpi=100)
@@ -244,7 +252,7 @@ def plot(results: list[dict[str, Any]], path: Path, model: str) -> None:
                 label=f"seed {r['seed']}")
     ax.set(xlabel="step", ylabel="mean reward (training games)",
            title=f"{'SmolLM2-135M-Instruct' if model == MODEL else model} learning `guess` "
-                 "(GRPO + LoRA, turn credit, CPU)")
+                 f"(GRPO + LoRA, {advantage_level(engine)} credit, {engine} engine, CPU)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -290,7 +298,7 @@ def main(args: argparse.Namespace) -> None:
         args.json.write_text(json.dumps(numbers, indent=1) + "\n")
         print(f"\n> Numbers: {args.json}")
     if args.png:
-        plot(results, args.png, args.model)
+        plot(results, args.png, args.model, args.engine)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -307,6 +315,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--accumulate", type=int, default=32,
                         help="micro-batches per step: one game each (without gradient "
                              "checkpointing 4 games in one peaked at 17.8 GB)")
+    parser.add_argument("--engine", choices=["mtrl", "trl"], default="mtrl",
+                        help="trainer.engine (trl: episode credit; write it to its own --json)")
     parser.add_argument("--learning-rate", type=float, default=3e-4)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=8,

@@ -119,6 +119,9 @@ def test_the_bench_trains_with_turn_credit_and_evaluates_greedy_too() -> None:
     from mtrl_api.run import MultiTurnRLRunSpec
 
     MultiTurnRLRunSpec.model_validate(spec)  # a run the operator would accept
+    trl = bench.spec(_args(engine="trl"), seed=1)  # TRL's credit, within TRL's limits
+    assert (trl["trainer"]["engine"], trl["grpo"]["advantageLevel"]) == ("trl", "episode")
+    MultiTurnRLRunSpec.model_validate(trl)
 
 
 def test_seeds_run_one_at_a_time_add_up_in_learning_json(tmp_path: Path) -> None:
