@@ -42,11 +42,13 @@ call of every client made a new TCP connection and moto a new thread. `KeepAlive
 reads a request's whole body (its Content-Length) before moto sees it, so nothing is left to
 drain, and leaves the connection open; a chunked body or `Expect: 100-continue` still closes
 it, as before.
+
 And a RunTask that botocore repeats after losing its answer (a read timeout, a reset
 connection, a 5xx) starts its tasks once. Real ECS answers a repeated `clientToken` with the
 first call's tasks (RunTask API reference: "An identifier that you provide to ensure the
-idempotency of the request"); moto ignores the token and started them again: a clean-clone CI
-run saw 4 live tasks of a run with `maxReplicas: 2` beside a second install. `answer_retries_once`
+idempotency of the request"); moto ignores the token and starts them again (the fault tests
+once saw 14 tasks of a 12-task run, and a clean-clone CI run 4 live tasks of a 2-task run, the
+likely cause). `answer_retries_once`
 honours the token for a retry of the same call only, as botocore marks it (the same
 `amz-sdk-invocation-id` header): a new call with an old token still starts new tasks, so an
 operator that skipped its look-up before RunTask still fails the crash tests.
