@@ -74,25 +74,22 @@ def train_outputs(spec: dict[str, Any], workdir: Path, label: str, *, timeout_s:
     finally:
         worker.terminate()
         worker.wait(30)
-    key = f"run/bench/bench/{run_id}"
-    if code != 0:
-        # What the run wrote so far (metrics.jsonl has every step reported) is kept beside the
-        # logs: a run that fails at its last evaluation has still measured its curve.
-        kept = []
-        for name in files:
-            with contextlib.suppress(s3.exceptions.NoSuchKey):
-                body = s3.get_object(Bucket=prefix, Key=f"{key}/{name}")["Body"].read()
-                (workdir / f"{prefix}-{name}").write_bytes(body)
-                kept.append(str(workdir / f"{prefix}-{name}"))
-        tail = trainer_log.read_text(errors="replace")[-2000:]
-        what = f"ran past {timeout_s:.0f} s" if code is None else f"exited {code}"
-        raise SystemExit(f"the trainer of {label} {what}; its log: {trainer_log}; kept: "
-                         f"{', '.join(kept) or 'no output file'}\n{tail}")
-    out = {}
+    # Every run's output files are kept beside its logs (what a failed run wrote so far too:
+    # metrics.jsonl has every step reported), so nothing measured is lost to a later crash.
+    kept: dict[str, Path] = {}
     for name in files:
-        body = s3.get_object(Bucket=prefix, Key=f"{key}/{name}")["Body"]
-        out[name] = [json.loads(line) for line in body.read().decode().splitlines()]
-    return out
+        with contextlib.suppress(s3.exceptions.NoSuchKey):
+            body = s3.get_object(Bucket=prefix, Key=f"run/bench/bench/{run_id}/{name}")["Body"]
+            kept[name] = workdir / f"{prefix}-{name}"
+            kept[name].write_bytes(body.read())
+    if code != 0 or len(kept) < len(files):
+        tail = trainer_log.read_text(errors="replace")[-2000:]
+        what = (f"ran past {timeout_s:.0f} s" if code is None else f"exited {code}" if code
+                else f"wrote no {', '.join(sorted(set(files) - set(kept)))}")
+        raise SystemExit(f"the trainer of {label} {what}; its log: {trainer_log}; kept: "
+                         f"{', '.join(map(str, kept.values())) or 'no output file'}\n{tail}")
+    return {name: [json.loads(line) for line in path.read_text().splitlines()]
+            for name, path in kept.items()}
 
 
 class SqsProbe:

@@ -268,12 +268,18 @@ def earlier_seeds(path: Path | None, setup: dict[str, Any]) -> tuple[list[dict[s
     earlier = json.loads(path.read_text())
     if earlier.get("setup") != setup:
         return [], 0.0
+    for seed in earlier["seeds"]:  # JSON made pass@k's k a string
+        if "pass_at_k" in seed:
+            seed["pass_at_k"] = {when: {int(k): v for k, v in rates.items()}
+                                 for when, rates in seed["pass_at_k"].items()}
     return earlier["seeds"], earlier.get("trainer_peak_rss_gib", 0.0)
 
 
 def main(args: argparse.Namespace) -> None:
-    results = []
-    # Kept: each seed's trainer and worker logs, and a failed seed's metrics.jsonl and eval.jsonl.
+    setup = learning_json(args, [])["setup"]
+    earlier, earlier_rss = earlier_seeds(args.json, setup)
+    results = [r for r in earlier if r["seed"] not in args.seeds]
+    # Kept: each seed's trainer and worker logs, metrics.jsonl and eval.jsonl.
     workdir = Path(tempfile.mkdtemp(prefix="learning-bench-"))
     print(f"> logs: {workdir}", flush=True)
     for seed in args.seeds:
@@ -281,21 +287,19 @@ def main(args: argparse.Namespace) -> None:
         out = train_outputs(spec(args, seed), workdir, f"learn{seed}", timeout_s=args.timeout_s,
                             worker_concurrency=args.group * args.prompts,
                             files=("metrics.jsonl", "eval.jsonl"))
-        results.append(summary(args, seed, out["metrics.jsonl"], out["eval.jsonl"],
-                               time.monotonic() - started))
-    numbers = learning_json(args, results)
-    earlier, earlier_rss = earlier_seeds(args.json, numbers["setup"])
-    results = sorted([r for r in earlier if r["seed"] not in args.seeds] + results,
-                     key=lambda r: r["seed"])
+        results = sorted([*results, summary(args, seed, out["metrics.jsonl"], out["eval.jsonl"],
+                                            time.monotonic() - started)],
+                         key=lambda r: r["seed"])
+        if args.json:  # after every seed: a later seed's failure loses none of it
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            numbers = learning_json(args, results)
+            # The largest resident set of any child, over all seeds (a maximum, not per
+            # seed): a trainer's (the worker is far smaller).
+            numbers["trainer_peak_rss_gib"] = max(
+                earlier_rss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20)
+            args.json.write_text(json.dumps(numbers, indent=1) + "\n")
     table(args, results)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        numbers["seeds"] = results
-        # The largest resident set of any child, over all seeds (a maximum, not per seed): a
-        # trainer's (the worker is far smaller).
-        numbers["trainer_peak_rss_gib"] = max(
-            earlier_rss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20)
-        args.json.write_text(json.dumps(numbers, indent=1) + "\n")
         print(f"\n> Numbers: {args.json}")
     if args.png:
         plot(results, args.png, args.model, args.engine)

@@ -76,8 +76,8 @@ def _args(**changes: Any) -> Any:
          *[a for k, v in changes.items() for a in (f"--{k}", str(v))]])
 
 
-def test_a_seeds_summary_and_learning_json_have_the_shape_runs_are_compared_by() -> None:
-    args = _args()
+def _seed(args: Any, seed: int) -> dict[str, Any]:
+    """A seed's summary from the metrics and evaluation lines of a 2-step run."""
     metrics = [
         {"step": 0, "validationPassAtK": [{"k": 1, "value": 0.25}, {"k": 4, "value": 0.5}]},
         {"step": 1, "rewardMean": 0.1, "decodeSeconds": 2.0, "tokensPerSecond": 100.0},
@@ -90,7 +90,12 @@ def test_a_seeds_summary_and_learning_json_have_the_shape_runs_are_compared_by()
              + _lines(2, "sampled", [[True] * 4, [True, True, False, False], [False] * 4,
                                      [True] * 4], 0.8)
              + _lines(2, "greedy", [[True], [True], [True], [True]], 1.0))
-    seed = bench.summary(args, 5, metrics, lines, seconds=90.0)
+    return bench.summary(args, seed, metrics, lines, seconds=90.0)
+
+
+def test_a_seeds_summary_and_learning_json_have_the_shape_runs_are_compared_by() -> None:
+    args = _args()
+    seed = _seed(args, 5)
     greedy, sampled = seed["greedy"], seed["sampled"]
     assert (seed["seed"], seed["minutes"]) == (5, 1.5)
     assert (greedy["before"], greedy["after"]) == (0.25, 1.0)
@@ -135,3 +140,15 @@ def test_seeds_run_one_at_a_time_add_up_in_learning_json(tmp_path: Path) -> None
     assert bench.earlier_seeds(path, document["setup"]) == ([{"seed": 0, "minutes": 40.0}], 6.5)
     other = bench.learning_json(_args(**{"learning-rate": 1e-3}), [])["setup"]
     assert bench.earlier_seeds(path, other) == ([], 0.0)
+
+
+def test_a_seed_read_back_from_learning_json_prints_in_the_table(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON turns pass@k's k into a string; the seeds read back are tabled like new ones."""
+    args = _args()
+    path = tmp_path / "learning.json"
+    path.write_text(json.dumps(bench.learning_json(args, [_seed(args, 0)])))
+    earlier, _ = bench.earlier_seeds(path, bench.learning_json(args, [])["setup"])
+    bench.table(args, [*earlier, _seed(args, 1)])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 0 |")]
+    assert len(rows) == 2 and "| 0.500 -> 1.000 |" in rows[1], rows  # pass@4 before -> after
