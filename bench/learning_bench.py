@@ -250,9 +250,10 @@ def plot(results: list[dict[str, Any]], path: Path, model: str, engine: str) -> 
     for r in results:
         ax.plot([s for s, _ in r["rewards"]], [v for _, v in r["rewards"]],
                 label=f"seed {r['seed']}")
-    ax.set(xlabel="step", ylabel="mean reward (training games)",
-           title=f"{'SmolLM2-135M-Instruct' if model == MODEL else model} learning `guess` "
-                 f"(GRPO + LoRA, {advantage_level(engine)} credit, {engine} engine, CPU)")
+    ax.set(xlabel="step", ylabel="mean reward (training games)")
+    ax.set_title(f"{'SmolLM2-135M-Instruct' if model == MODEL else model} learning `guess`\n"
+                 f"GRPO + LoRA, {advantage_level(engine)} credit, {engine} engine, CPU",
+                 fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
