@@ -26,7 +26,9 @@ measured with the same setup and not run again, and the table and PNG show them 
                 "gain_interval": [low, high], ...}, "sampled": {...}}], ...}
 
     python bench/learning_bench.py [--seeds 0 1 2] [--steps 12] [--validation 24]
-        [--png bench/learning.png] [--json bench/results/learning.json]
+        [--engine mtrl|trl] [--png bench/learning.png] [--json bench/results/learning.json]
+
+(with --engine trl the files are learning-trl.png and learning-trl.json).
 """
 
 from __future__ import annotations
@@ -276,7 +278,16 @@ def earlier_seeds(path: Path | None, setup: dict[str, Any]) -> tuple[list[dict[s
     return earlier["seeds"], earlier.get("trainer_peak_rss_gib", 0.0)
 
 
+def outputs(args: argparse.Namespace) -> tuple[Path, Path]:
+    """Where the numbers and the curves go: each engine has its own files, so a TRL run never
+    replaces the reference trainer's seeds."""
+    suffix = "" if args.engine == "mtrl" else f"-{args.engine}"
+    return (args.json or Path(f"bench/results/learning{suffix}.json"),
+            args.png or Path(f"bench/learning{suffix}.png"))
+
+
 def main(args: argparse.Namespace) -> None:
+    args.json, args.png = outputs(args)
     setup = learning_json(args, [])["setup"]
     earlier, earlier_rss = earlier_seeds(args.json, setup)
     results = [r for r in earlier if r["seed"] not in args.seeds]
@@ -291,19 +302,17 @@ def main(args: argparse.Namespace) -> None:
         results = sorted([*results, summary(args, seed, out["metrics.jsonl"], out["eval.jsonl"],
                                             time.monotonic() - started)],
                          key=lambda r: r["seed"])
-        if args.json:  # after every seed: a later seed's failure loses none of it
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            numbers = learning_json(args, results)
-            # The largest resident set of any child, over all seeds (a maximum, not per
-            # seed): a trainer's (the worker is far smaller).
-            numbers["trainer_peak_rss_gib"] = max(
-                earlier_rss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20)
-            args.json.write_text(json.dumps(numbers, indent=1) + "\n")
+        # After every seed: a later seed's failure loses none of it.
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        numbers = learning_json(args, results)
+        # The largest resident set of any child, over all seeds (a maximum, not per seed): a
+        # trainer's (the worker is far smaller).
+        numbers["trainer_peak_rss_gib"] = max(
+            earlier_rss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20)
+        args.json.write_text(json.dumps(numbers, indent=1) + "\n")
     table(args, results)
-    if args.json:
-        print(f"\n> Numbers: {args.json}")
-    if args.png:
-        plot(results, args.png, args.model, args.engine)
+    print(f"\n> Numbers: {args.json}")
+    plot(results, args.png, args.model, args.engine)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -321,15 +330,17 @@ def parser() -> argparse.ArgumentParser:
                         help="micro-batches per step: one game each (without gradient "
                              "checkpointing 4 games in one peaked at 17.8 GB)")
     parser.add_argument("--engine", choices=["mtrl", "trl"], default="mtrl",
-                        help="trainer.engine (trl: episode credit; write it to its own --json)")
+                        help="trainer.engine (trl: episode credit, and files of its own)")
     parser.add_argument("--learning-rate", type=float, default=3e-4)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=8,
                         help="a guess is a few tokens; 8 halves sampling against 16")
     parser.add_argument("--resamples", type=int, default=RESAMPLES, help="bootstrap resamples")
     parser.add_argument("--timeout-s", type=float, default=5400)
-    parser.add_argument("--png", type=Path, default=Path("bench/learning.png"))
-    parser.add_argument("--json", type=Path, default=Path("bench/results/learning.json"))
+    parser.add_argument("--png", type=Path,
+                        help="bench/learning.png (bench/learning-trl.png with --engine trl)")
+    parser.add_argument("--json", type=Path, help="bench/results/learning.json "
+                        "(bench/results/learning-trl.json with --engine trl)")
     return parser
 
 

@@ -127,6 +127,10 @@ def test_the_bench_trains_with_turn_credit_and_evaluates_greedy_too() -> None:
     trl = bench.spec(_args(engine="trl"), seed=1)  # TRL's credit, within TRL's limits
     assert (trl["trainer"]["engine"], trl["grpo"]["advantageLevel"]) == ("trl", "episode")
     MultiTurnRLRunSpec.model_validate(trl)
+    assert bench.outputs(_args()) == (Path("bench/results/learning.json"),
+                                      Path("bench/learning.png"))
+    assert bench.outputs(_args(engine="trl")) == (Path("bench/results/learning-trl.json"),
+                                                  Path("bench/learning-trl.png"))
 
 
 def test_seeds_run_one_at_a_time_add_up_in_learning_json(tmp_path: Path) -> None:
