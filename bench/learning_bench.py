@@ -193,7 +193,8 @@ def _interval(pair: Sequence[float], signed: bool = False) -> str:
 
 def table(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
     print(f"\n> {args.model} playing `guess` ({args.guesses} guesses, ranges of {SPAN}), GRPO + "
-          f"LoRA r16 with turn-level credit, {args.prompts} games x {args.group} per step, "
+          f"LoRA r16 with {advantage_level(args.engine)}-level credit ({args.engine} engine), "
+          f"{args.prompts} games x {args.group} per step, "
           f"{args.steps} steps, lr {args.learning_rate:g}, temperature {args.temperature:g}; "
           f"held-out: {args.validation} games, each played {max(args.pass_at_k)} times at the "
           "temperature (sampled) and once greedily, before step 1 and after the last step; one "
