@@ -205,7 +205,6 @@ def test_no_message_is_lost_to_concurrent_sends_and_deletes(
         server.stop()
 
 
-
 class _LoseFirstRunTaskAnswer(FaultPlan):
     """moto starts the tasks of the first RunTask; its answer never reaches the client."""
 
@@ -246,4 +245,3 @@ def test_a_run_task_retried_after_a_lost_answer_starts_its_tasks_once(
     again = _run_task(ecs, family, "t-1", *network)
     started = ecs.list_tasks(cluster="retried", startedBy=family)["taskArns"]
     assert len(started) == 4 and not set(again) & set(answered)
-
