@@ -71,7 +71,8 @@ def spec(args: argparse.Namespace, seed: int) -> dict[str, Any]:
                  "temperature": args.temperature, "seed": seed,
                  "gradientAccumulationSteps": args.accumulate,
                  "advantageLevel": advantage_level(args.engine)},
-        "rollout": {"environment": "guess", "environmentArgs": {"max_guesses": str(args.guesses)},
+        "rollout": {"environment": "guess",
+                    "environmentArgs": {"max_guesses": str(args.guesses), **dict(args.env_arg)},
                     "maxTurns": args.guesses, "episodeTimeoutSeconds": 1800},
         "dataset": {"generated": {"trainSize": args.steps * args.prompts,
                                   "validationSize": args.validation},
@@ -192,7 +193,8 @@ def _interval(pair: Sequence[float], signed: bool = False) -> str:
 
 
 def table(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
-    print(f"\n> {args.model} playing `guess` ({args.guesses} guesses, ranges of {SPAN}), GRPO + "
+    extra = "".join(f", {k}={v}" for k, v in sorted(dict(args.env_arg).items()))
+    print(f"\n> {args.model} playing `guess` ({args.guesses} guesses, ranges of {SPAN}{extra}), GRPO + "
           f"LoRA r16 with {advantage_level(args.engine)}-level credit ({args.engine} engine), "
           f"{args.prompts} games x {args.group} per step, "
           f"{args.steps} steps, lr {args.learning_rate:g}, temperature {args.temperature:g}; "
@@ -241,7 +243,9 @@ def learning_json(args: argparse.Namespace, results: list[dict[str, Any]]) -> di
                   "learning_rate": args.learning_rate, "temperature": args.temperature,
                   "max_new_tokens": args.max_new_tokens, "engine": args.engine,
                   "advantage_level": advantage_level(args.engine),
-                  "cpus": os.cpu_count()},
+                  "cpus": os.cpu_count(),
+                  # only where given: seeds measured before the option still match
+                  **({"environment_args": dict(args.env_arg)} if args.env_arg else {})},
     }
 
 
@@ -316,6 +320,13 @@ def main(args: argparse.Namespace) -> None:
     plot(results, args.png, args.model, args.engine)
 
 
+def env_arg(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -332,6 +343,9 @@ def parser() -> argparse.ArgumentParser:
                              "checkpointing 4 games in one peaked at 17.8 GB)")
     parser.add_argument("--engine", choices=["mtrl", "trl"], default="mtrl",
                         help="trainer.engine (trl: episode credit, and files of its own)")
+    parser.add_argument("--env-arg", type=env_arg, action="append", default=[],
+                        metavar="NAME=VALUE", help="another spec.rollout.environmentArgs entry "
+                        "(answers=range, consistent_reward=0.12), in learning.json's setup")
     parser.add_argument("--learning-rate", type=float, default=3e-4)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=8,

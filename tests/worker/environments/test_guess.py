@@ -14,6 +14,7 @@ from mtrl_worker.environments.guess import (
     example_game,
     extract_guess,
 )
+from mtrl_worker.environments.registry import load_environment
 from mtrl_worker.rewards import compose, resolve_weights
 
 WEIGHTS = resolve_weights(GuessEnvironment.components, {})
@@ -120,9 +121,40 @@ def test_the_example_is_won_by_halving_and_never_gives_the_secret_away(secret: i
     assert any("Higher." in a for a in answers) and any("Lower." in a for a in answers)
 
 
-def _random_game(rng: random.Random, max_guesses: int) -> GuessGame:
+def test_range_answers_state_what_is_left_in_the_game_and_its_example() -> None:
+    game = GuessGame(secret=7, low=1, high=20, max_guesses=6, answers="range")
+    assert game.play("10") == "Lower. It is from 1 to 9. 5 guesses left."
+    assert game.play("15") == "Lower. It is from 1 to 9. 4 guesses left."  # ignored: no change
+    assert game.play("ten") == "Reply with just one whole number from 1 to 20. 3 guesses left."
+    assert game.play("6") == "Higher. It is from 7 to 9. 2 guesses left."
+    assert game.play("8") == "Lower. It is 7. 1 guesses left."
+    assert game.play("7") == "Correct!" and game.solved
+    _, moves = example_game(1, 20, 12, 6, answers="range")
+    assert moves[0][1] == "Higher. It is from 11 to 20. 5 guesses left."
+    assert all(" It is " in answer for _, answer in moves[:-1]) and moves[-1][1] == "Correct!"
+    opening = GuessEnvironment(answers="range").episode(
+        {"secret": "12", "low": "1", "high": "20"}, EpisodeLimits(6, 1000)).opening
+    assert opening[2].content == "Higher. It is from 11 to 20. 5 guesses left."
+
+
+def test_the_consistency_reward_is_an_argument_bounded_by_the_speed_step() -> None:
+    env = load_environment("guess", {"max_guesses": "6", "consistent_reward": "0.12"})
+    episode = env.episode({"secret": "12", "low": "1", "high": "20"}, EpisodeLimits(6, 1000))
+    episode.game.play("10")
+    episode.game.play("5")  # below the range "Higher." left: valid, new, not consistent
+    assert episode.game.turn_rewards == pytest.approx([TURN_VALID + 0.12, TURN_VALID])
+    with pytest.raises(ValueError, match=r"consistent_reward 0.12 is too large for "
+                                         r"max_guesses 10: .* less than 1/T \(0.100\)"):
+        load_environment("guess", {"max_guesses": "10", "consistent_reward": "0.12"})
+    with pytest.raises(ValueError, match="answers"):
+        load_environment("guess", {"answers": "colour"})
+
+
+def _random_game(rng: random.Random, max_guesses: int, consistent_reward: float = TURN_CONSISTENT
+                 ) -> GuessGame:
     low = rng.randint(1, 81)
-    game = GuessGame(low + rng.randrange(20), low, low + 19, max_guesses)
+    game = GuessGame(low + rng.randrange(20), low, low + 19, max_guesses,
+                     consistent_reward=consistent_reward)
     while not game.over:
         game.play(rng.choice(["x", "0", str(rng.randint(low - 2, low + 21)),
                               str(rng.choice(range(game.allowed[0], game.allowed[1] + 1)))]))
@@ -145,8 +177,11 @@ def test_a_faster_win_beats_a_slower_one_and_any_win_beats_a_loss(max_guesses: i
     assert min(wins[lengths[-1]]) > max(losses)
 
 
-@pytest.mark.parametrize("max_guesses", [1, 2, 6, 10])
-def test_turn_rewards_summed_over_a_game_rank_any_win_over_any_loss(max_guesses: int) -> None:
+@pytest.mark.parametrize(("max_guesses", "consistent_reward"),
+                         [(1, TURN_CONSISTENT), (2, TURN_CONSISTENT), (6, TURN_CONSISTENT),
+                          (10, TURN_CONSISTENT), (6, 0.12), (10, 0.05)])
+def test_turn_rewards_summed_over_a_game_rank_any_win_over_any_loss(
+        max_guesses: int, consistent_reward: float) -> None:
     """What a game's first turn is credited with under return-to-go: a win beats a loss
     however it was played; and between games without an invalid or repeated reply, a win in
     fewer turns beats one in more where every guess was valid, new and consistent (a slower
@@ -156,7 +191,7 @@ def test_turn_rewards_summed_over_a_game_rank_any_win_over_any_loss(max_guesses:
     clean_wins: dict[int, list[float]] = {}
     losses: list[float] = []
     for _ in range(20_000):
-        game = _random_game(rng, max_guesses)
+        game = _random_game(rng, max_guesses, consistent_reward)
         turn_rewards = game.score().turn_rewards
         assert turn_rewards is not None and len(turn_rewards) == game.turns
         total = sum(turn_rewards)

@@ -11,7 +11,9 @@ Why this game (issue 22: a multi-turn task a 135M-parameter model can learn on t
 
 Rules: a reply's guess is its first whole number in the range. Every reply takes a turn. A reply without a
 number in the range is invalid, a number guessed before is repeated; both are told so and
-penalised. Otherwise the answer is "Higher.", "Lower." or "Correct!" (which ends the game).
+penalised. Otherwise the answer is "Higher.", "Lower." or "Correct!" (which ends the game);
+with the argument `answers: range`, "Higher." and "Lower." also say what is left ("It is from 7
+to 12."), which turns using the answers into picking a number between two the model can read.
 
 The opening states these rules, then plays one example game in the task's own range in the same
 chat (its guesses as the assistant's turns, the game's answers as the user's; `opening`),
@@ -31,7 +33,8 @@ reward gives every reply of a game the same advantage, so a valid reply and five
 in one game share the credit and validity counts only through 0.05-weighted terms. Per turn:
 - TURN_VALID (0.04) for a valid new guess (a number in the range not guessed before), 0 for an
   invalid or repeated reply;
-- TURN_CONSISTENT (0.04) more when that guess lies in the range the answers so far leave;
+- TURN_CONSISTENT (0.04; the argument `consistent_reward`, bounded by `check_turn_rewards`)
+  more when that guess lies in the range the answers so far leave;
 - the win, on the turn it happens: 1 + (T - turn + 1) / T (the episode's `solved` + `speed`).
 With return-to-go credit (the trainer sums a turn's reward and the later ones), the sum over a
 whole game keeps the episode's order where it matters (checked by the same random games): any
@@ -61,6 +64,7 @@ GENERATED_SEED = 0  # fixed: a run's generated tasks must not change when it res
 
 TURN_VALID = 0.04  # a turn's reward for a valid new guess
 TURN_CONSISTENT = 0.04  # and for one inside the range the answers so far leave
+ANSWERS = ("direction", "range")  # "Higher." / "Lower.", or with what is left: "It is from 7 to 12."
 
 RULES = (
     "Let's play a game. I'm thinking of a whole number from {low} to {high}. Guess it in at "
@@ -87,11 +91,15 @@ def extract_guess(reply: str, low: int, high: int) -> int | None:
 class GuessGame(GuessingGame[int | None]):
     """The game state and its score, without any I/O."""
 
-    def __init__(self, secret: int, low: int, high: int, max_guesses: int = MAX_GUESSES) -> None:
+    def __init__(self, secret: int, low: int, high: int, max_guesses: int = MAX_GUESSES, *,
+                 answers: str = "direction", consistent_reward: float = TURN_CONSISTENT) -> None:
         if not low <= secret <= high:
             raise ValueError(f"secret {secret} is not in [{low}, {high}]")
+        if answers not in ANSWERS:
+            raise ValueError(f"answers {answers!r} is not one of {', '.join(ANSWERS)}")
         super().__init__(max_guesses)
         self.secret, self.low, self.high = secret, low, high
+        self.answers, self.consistent_reward = answers, consistent_reward
         self.allowed = (low, high)  # what the answers so far leave possible
         self.consistent = 0  # valid guesses inside `allowed` when made
         self.turn_rewards: list[float] = []
@@ -100,7 +108,7 @@ class GuessGame(GuessingGame[int | None]):
         new, consistent = len(self.guesses), self.consistent
         answer = super().play(reply)
         reward = (TURN_VALID * (len(self.guesses) > new)
-                  + TURN_CONSISTENT * (self.consistent > consistent))
+                  + self.consistent_reward * (self.consistent > consistent))
         if self.solved:  # on this turn: the game is over once it is won
             reward += 1.0 + (self.max_guesses - self.turns + 1) / self.max_guesses
         self.turn_rewards.append(reward)
@@ -126,10 +134,13 @@ class GuessGame(GuessingGame[int | None]):
             self.solved = True
             return "Correct!"
         if guess < self.secret:
-            self.allowed = (max(lo, guess + 1), hi)
-            return f"Higher. {left}"
-        self.allowed = (lo, min(hi, guess - 1))
-        return f"Lower. {left}"
+            self.allowed, word = (max(lo, guess + 1), hi), "Higher."
+        else:
+            self.allowed, word = (lo, min(hi, guess - 1)), "Lower."
+        if self.answers == "range":
+            low, high = self.allowed
+            word += f" It is {low}." if low == high else f" It is from {low} to {high}."
+        return f"{word} {left}"
 
     def score(self) -> Score:
         t = self.max_guesses
@@ -145,8 +156,8 @@ class GuessGame(GuessingGame[int | None]):
         )
 
 
-def example_game(low: int, high: int, secret: int,
-                 max_guesses: int) -> tuple[int, list[tuple[int, str]]]:
+def example_game(low: int, high: int, secret: int, max_guesses: int,
+                 answers: str = "direction") -> tuple[int, list[tuple[int, str]]]:
     """The opening's example: its secret and its moves (each guess and the game's answer), a
     game played by halving the numbers still possible and answered by the game itself. The
     secret is fixed by the range (just below three quarters of the way up, or just above a
@@ -155,7 +166,7 @@ def example_game(low: int, high: int, secret: int,
     example_secret = max(low, low + 3 * (high - low) // 4 - 1)
     if example_secret == secret:
         example_secret = min(high, low + (high - low) // 4 + 1)
-    game = GuessGame(example_secret, low, high, max_guesses)
+    game = GuessGame(example_secret, low, high, max_guesses, answers=answers)
     moves = []
     while not game.over:
         guess = (game.allowed[0] + game.allowed[1]) // 2
@@ -170,7 +181,7 @@ def opening(game: GuessGame) -> list[ChatMessage]:
     chat, not from a transcript inside one message: over 16 games its greedy first reply held a
     valid guess 16 times with the example as turns and 0 times with it as text (it answered "I'm
     not sure what to say."); sampled, 41 of 64 against 6 (docs/environments.md)."""
-    _, moves = example_game(game.low, game.high, game.secret, game.max_guesses)
+    _, moves = example_game(game.low, game.high, game.secret, game.max_guesses, game.answers)
     messages = [ChatMessage(role="user", content=RULES.format(
         low=game.low, high=game.high, turns=game.max_guesses))]
     for guess, answer in moves:
@@ -178,6 +189,20 @@ def opening(game: GuessGame) -> list[ChatMessage]:
                      ChatMessage(role="user", content=AGAIN.format(low=game.low, high=game.high)
                                  if answer == "Correct!" else answer)]
     return messages
+
+
+def check_turn_rewards(consistent_reward: float, max_guesses: int) -> None:
+    """ValueError unless the turn rewards keep the order the module's docstring proves: a clean
+    turn (a valid new guess inside the range left) earns less than the speed step 1/T, and T of
+    them less than the least win, 1 + 1/T. (A shorter game, T below `max_guesses`, has more room
+    on both sides.)"""
+    t = max_guesses
+    clean = TURN_VALID + consistent_reward
+    if not (clean < 1 / t and clean * t < 1 + 1 / t):
+        raise ValueError(
+            f"consistent_reward {consistent_reward:g} is too large for max_guesses {t}: a "
+            f"clean turn ({TURN_VALID:g} + {consistent_reward:g}) must earn less than 1/T "
+            f"({1 / t:.3f}), or a slower win would beat a faster one")
 
 
 class GuessEnvironment(Environment):
@@ -194,6 +219,13 @@ class GuessEnvironment(Environment):
     parameters = (
         Parameter(name="max_guesses", type="int", default=MAX_GUESSES, minimum=1, maximum=10,
                   doc="Guesses per game (T); the reward order above is proven for T <= 10."),
+        Parameter(name="answers", type="str", default="direction", choices=list(ANSWERS),
+                  doc='"direction": "Higher." or "Lower."; "range": the numbers still possible '
+                      'too ("Lower. It is from 7 to 12."), in the example game as well.'),
+        Parameter(name="consistent_reward", type="float", default=TURN_CONSISTENT, minimum=0.0,
+                  maximum=1.0,
+                  doc="A turn's reward for a guess inside the range the answers left (turn "
+                      "credit); refused where a clean turn would outweigh the speed step 1/T."),
     )
     task_fields = (
         TaskField(name="secret", type="int", required=True, doc="The secret number."),
@@ -201,12 +233,18 @@ class GuessEnvironment(Environment):
         TaskField(name="high", type="int", doc=f"The largest number in play (default {SPAN})."),
     )
 
-    def __init__(self, max_guesses: int | str = MAX_GUESSES) -> None:
-        self.max_guesses = int(self.arguments(max_guesses=max_guesses)["max_guesses"])
+    def __init__(self, max_guesses: int | str = MAX_GUESSES, answers: str = "direction",
+                 consistent_reward: float | str = TURN_CONSISTENT) -> None:
+        given = self.arguments(max_guesses=max_guesses, answers=answers,
+                               consistent_reward=consistent_reward)
+        self.max_guesses, self.answers = int(given["max_guesses"]), str(given["answers"])
+        self.consistent_reward = float(given["consistent_reward"])
+        check_turn_rewards(self.consistent_reward, self.max_guesses)
 
     def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> GameEpisode:
         game = GuessGame(int(task["secret"]), int(task.get("low", 1)), int(task.get("high", SPAN)),
-                         min(self.max_guesses, limits.max_turns))
+                         min(self.max_guesses, limits.max_turns), answers=self.answers,
+                         consistent_reward=self.consistent_reward)
         # No system prompt: the model's chat template puts its own.
         return GameEpisode(game, opening(game))
 
@@ -236,7 +274,8 @@ class GuessEnvironment(Environment):
 
     def describe_turns(self, task: Mapping[str, Any], replies: Sequence[str]) -> list[str]:
         game = GuessGame(int(task["secret"]), int(task.get("low", 1)),
-                         int(task.get("high", SPAN)), self.max_guesses)
+                         int(task.get("high", SPAN)), self.max_guesses, answers=self.answers,
+                         consistent_reward=self.consistent_reward)
         lines = []
         for reply in replies:
             if game.over:
