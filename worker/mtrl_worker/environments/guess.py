@@ -193,12 +193,12 @@ def opening(game: GuessGame) -> list[ChatMessage]:
 
 def check_turn_rewards(consistent_reward: float, max_guesses: int) -> None:
     """ValueError unless the turn rewards keep the order the module's docstring proves: a clean
-    turn (a valid new guess inside the range left) earns less than the speed step 1/T, and T of
-    them less than the least win, 1 + 1/T. (A shorter game, T below `max_guesses`, has more room
-    on both sides.)"""
+    turn (a valid new guess inside the range left) earns less than the speed step 1/T. Then T of
+    them earn less than 1, below the least win, 1 + 1/T. (A shorter game, T below
+    `max_guesses`, has more room.)"""
     t = max_guesses
     clean = TURN_VALID + consistent_reward
-    if not (clean < 1 / t and clean * t < 1 + 1 / t):
+    if not clean < 1 / t:
         raise ValueError(
             f"consistent_reward {consistent_reward:g} is too large for max_guesses {t}: a "
             f"clean turn ({TURN_VALID:g} + {consistent_reward:g}) must earn less than 1/T "
@@ -241,10 +241,14 @@ class GuessEnvironment(Environment):
         self.consistent_reward = float(given["consistent_reward"])
         check_turn_rewards(self.consistent_reward, self.max_guesses)
 
-    def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> GameEpisode:
-        game = GuessGame(int(task["secret"]), int(task.get("low", 1)), int(task.get("high", SPAN)),
-                         min(self.max_guesses, limits.max_turns), answers=self.answers,
+    def game(self, task: Mapping[str, Any], max_guesses: int) -> GuessGame:
+        """A new game of `task` under this environment's arguments."""
+        return GuessGame(int(task["secret"]), int(task.get("low", 1)), int(task.get("high", SPAN)),
+                         max_guesses, answers=self.answers,
                          consistent_reward=self.consistent_reward)
+
+    def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> GameEpisode:
+        game = self.game(task, min(self.max_guesses, limits.max_turns))
         # No system prompt: the model's chat template puts its own.
         return GameEpisode(game, opening(game))
 
@@ -273,9 +277,7 @@ class GuessEnvironment(Environment):
         return task, list(args.guess)
 
     def describe_turns(self, task: Mapping[str, Any], replies: Sequence[str]) -> list[str]:
-        game = GuessGame(int(task["secret"]), int(task.get("low", 1)),
-                         int(task.get("high", SPAN)), self.max_guesses, answers=self.answers,
-                         consistent_reward=self.consistent_reward)
+        game = self.game(task, self.max_guesses)
         lines = []
         for reply in replies:
             if game.over:
