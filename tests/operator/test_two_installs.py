@@ -89,7 +89,9 @@ def test_two_installs_never_sweep_each_other(cluster: LocalCluster, second_clust
                                             moto_server: MotoServer, aws_env: dict[str, str],
                                             pods_reach_moto: None) -> None:
     assert cluster.identity() != second_cluster.identity()
-    namespace = f"t-shared-{uuid.uuid4().hex[:6]}"  # the same name in both clusters
+    # The same name in both clusters; not `t-*`, which the session's shared operator watches
+    # in the first: it reconciled this run too, and its RunTasks made 4 tasks of a 2-task run.
+    namespace = f"two-installs-{uuid.uuid4().hex[:6]}"
     installs: list[Install] = []
     with cluster.namespace(namespace), second_cluster.namespace(namespace):
         try:
