@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any, Literal
 
@@ -40,6 +40,9 @@ class Parameter(ApiModel):
     minimum: float | None = None
     maximum: float | None = None
     choices: list[str] = Field(default_factory=list)
+    below_when: dict[str, dict[str, float]] = Field(default_factory=dict)
+    """Bounds that hang on another argument: {that argument: {its value: this one must be
+    below}} (guess: a turn's consistency reward, for each number of guesses)."""
 
     def convert(self, raw: Any) -> Scalar:
         """The value the environment gets, or ValueError naming the argument and what it
@@ -81,6 +84,21 @@ class Parameter(ApiModel):
         if high is not None:
             return f"{kind} of at most {_spoken(high)}"
         return kind
+
+
+def bound_problems(parameters: Sequence[Parameter], values: Mapping[str, Any]) -> list[str]:
+    """Why converted `values` (each argument given or defaulted) break a bound that hangs on
+    another argument (`Parameter.below_when`)."""
+    out = []
+    for p in parameters:
+        for other, bounds in p.below_when.items():
+            if p.name not in values or other not in values:
+                continue
+            bound = bounds.get(str(values[other]))
+            if bound is not None and not values[p.name] < bound:
+                out.append(f"{p.name} must be below {bound:.6g} when {other} is "
+                           f"{_spoken(values[other])}, not {_spoken(values[p.name])}")
+    return out
 
 
 class TaskField(ApiModel):
@@ -141,16 +159,17 @@ class EnvironmentInfo(ApiModel):
             return []
         declared = {p.name: p for p in self.parameters}
         out = []
+        values = {p.name: p.default for p in self.parameters if p.default is not None}
         for name, raw in args.items():
             if name not in declared:
                 out.append(f"{name!r} is not an argument of environment {self.name!r} (it "
                            f"takes: {', '.join(declared) or 'none'})")
                 continue
             try:
-                declared[name].convert(raw)
+                values[name] = declared[name].convert(raw)
             except ValueError as exc:
                 out.append(str(exc))
-        return out
+        return out or bound_problems(self.parameters, values)
 
     def convert_arguments(self, args: Mapping[str, Any]) -> dict[str, Scalar]:
         """The arguments the environment is built with: each converted, defaults filled in."""

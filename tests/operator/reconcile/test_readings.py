@@ -135,6 +135,11 @@ def test_unknown_environment_arguments_fail_the_run_listing_the_accepted_ones() 
     ("wordle", {"max_guesses": "0"}, "max_guesses must be an integer from 1 to 6, not '0'"),
     ("coding", {"memory_mb": "lots"}, "memory_mb must be an integer from 32 to 16384, not "
                                       "'lots'"),
+    # A bound that hangs on another argument, given or defaulted (6 guesses).
+    ("guess", {"max_guesses": "10", "consistent_reward": "0.12"},
+     "consistent_reward must be below 0.06 when max_guesses is 10, not 0.12"),
+    ("guess", {"consistent_reward": "0.2"},
+     "consistent_reward must be below 0.126667 when max_guesses is 6, not 0.2"),
 ])
 def test_argument_values_the_environment_refuses_fail_the_run(
         environment: str, args: dict[str, str], said: str) -> None:

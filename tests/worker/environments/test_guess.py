@@ -143,9 +143,11 @@ def test_the_consistency_reward_is_an_argument_bounded_by_the_speed_step() -> No
     episode.game.play("10")
     episode.game.play("5")  # below the range "Higher." left: valid, new, not consistent
     assert episode.game.turn_rewards == pytest.approx([TURN_VALID + 0.12, TURN_VALID])
-    with pytest.raises(ValueError, match=r"consistent_reward 0.12 is too large for "
-                                         r"max_guesses 10: .* less than 1/T \(0.100\)"):
+    with pytest.raises(ValueError, match=r"^consistent_reward must be below 0.06 when "
+                                         r"max_guesses is 10, not 0.12$"):
         load_environment("guess", {"max_guesses": "10", "consistent_reward": "0.12"})
+    with pytest.raises(ValueError, match=r"below 0.126667 when max_guesses is 6, not 0.13"):
+        load_environment("guess", {"consistent_reward": "0.13"})  # max_guesses by default
     with pytest.raises(ValueError, match="answers"):
         load_environment("guess", {"answers": "colour"})
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
-from mtrl_api.environments import Parameter, TaskField
+from mtrl_api.environments import Parameter, TaskField, bound_problems
 from mtrl_rollout.protocol import ChatMessage, StopReason
 from mtrl_worker.rewards import RewardComponent, Score
 
@@ -175,9 +175,13 @@ class Environment(ABC):
     @classmethod
     def arguments(cls, **given: Any) -> dict[str, Any]:
         """The constructor's arguments (strings or values) converted by the declared
-        parameters; ValueError names the argument and what it takes."""
+        parameters; ValueError names the argument and what it takes, alone or beside another
+        (`Parameter.below_when`)."""
         declared = {p.name: p for p in cls.parameters or ()}
-        return {k: declared[k].convert(v) if k in declared else v for k, v in given.items()}
+        values = {k: declared[k].convert(v) if k in declared else v for k, v in given.items()}
+        if problems := bound_problems(cls.parameters or (), values):
+            raise ValueError("; ".join(problems))
+        return values
 
     @classmethod
     def generate_tasks(cls, count: int, split: str) -> list[dict[str, Any]] | None:

@@ -33,7 +33,7 @@ reward gives every reply of a game the same advantage, so a valid reply and five
 in one game share the credit and validity counts only through 0.05-weighted terms. Per turn:
 - TURN_VALID (0.04) for a valid new guess (a number in the range not guessed before), 0 for an
   invalid or repeated reply;
-- TURN_CONSISTENT (0.04; the argument `consistent_reward`, bounded by `check_turn_rewards`)
+- TURN_CONSISTENT (0.04; the argument `consistent_reward`, bounded by `consistent_reward_bounds`)
   more when that guess lies in the range the answers so far leave;
 - the win, on the turn it happens: 1 + (T - turn + 1) / T (the episode's `solved` + `speed`).
 With return-to-go credit (the trainer sums a turn's reward and the later ones), the sum over a
@@ -64,6 +64,7 @@ GENERATED_SEED = 0  # fixed: a run's generated tasks must not change when it res
 
 TURN_VALID = 0.04  # a turn's reward for a valid new guess
 TURN_CONSISTENT = 0.04  # and for one inside the range the answers so far leave
+MAX_GUESSES_PROVEN = 10  # the reward orders above hold for T up to this
 ANSWERS = ("direction", "range")  # "Higher." / "Lower.", or with what is left: "It is from 7 to 12."
 
 RULES = (
@@ -191,18 +192,13 @@ def opening(game: GuessGame) -> list[ChatMessage]:
     return messages
 
 
-def check_turn_rewards(consistent_reward: float, max_guesses: int) -> None:
-    """ValueError unless the turn rewards keep the order the module's docstring proves: a clean
-    turn (a valid new guess inside the range left) earns less than the speed step 1/T. Then T of
-    them earn less than 1, below the least win, 1 + 1/T. (A shorter game, T below
-    `max_guesses`, has more room.)"""
-    t = max_guesses
-    clean = TURN_VALID + consistent_reward
-    if not clean < 1 / t:
-        raise ValueError(
-            f"consistent_reward {consistent_reward:g} is too large for max_guesses {t}: a "
-            f"clean turn ({TURN_VALID:g} + {consistent_reward:g}) must earn less than 1/T "
-            f"({1 / t:.3f}), or a slower win would beat a faster one")
+def consistent_reward_bounds() -> dict[str, float]:
+    """What keeps the turn rewards in the order the module's docstring proves, for each T the
+    environment takes: a clean turn (a valid new guess inside the range left) earns less than
+    the speed step 1/T, so `consistent_reward` < 1/T - TURN_VALID. Then T clean turns earn less
+    than 1, below the least win, 1 + 1/T. (A shorter game, T below `max_guesses`, has more
+    room.) The catalog carries it, so the operator refuses what the worker would."""
+    return {str(t): 1 / t - TURN_VALID for t in range(1, MAX_GUESSES_PROVEN + 1)}
 
 
 class GuessEnvironment(Environment):
@@ -217,15 +213,17 @@ class GuessEnvironment(Environment):
     )
 
     parameters = (
-        Parameter(name="max_guesses", type="int", default=MAX_GUESSES, minimum=1, maximum=10,
+        Parameter(name="max_guesses", type="int", default=MAX_GUESSES, minimum=1,
+                  maximum=MAX_GUESSES_PROVEN,
                   doc="Guesses per game (T); the reward order above is proven for T <= 10."),
         Parameter(name="answers", type="str", default="direction", choices=list(ANSWERS),
                   doc='"direction": "Higher." or "Lower."; "range": the numbers still possible '
                       'too ("Lower. It is from 7 to 12."), in the example game as well.'),
         Parameter(name="consistent_reward", type="float", default=TURN_CONSISTENT, minimum=0.0,
-                  maximum=1.0,
+                  maximum=1.0, below_when={"max_guesses": consistent_reward_bounds()},
                   doc="A turn's reward for a guess inside the range the answers left (turn "
-                      "credit); refused where a clean turn would outweigh the speed step 1/T."),
+                      "credit); below 1/T - 0.04, or a clean turn would outweigh the speed "
+                      "step 1/T."),
     )
     task_fields = (
         TaskField(name="secret", type="int", required=True, doc="The secret number."),
@@ -239,7 +237,6 @@ class GuessEnvironment(Environment):
                                consistent_reward=consistent_reward)
         self.max_guesses, self.answers = int(given["max_guesses"]), str(given["answers"])
         self.consistent_reward = float(given["consistent_reward"])
-        check_turn_rewards(self.consistent_reward, self.max_guesses)
 
     def game(self, task: Mapping[str, Any], max_guesses: int) -> GuessGame:
         """A new game of `task` under this environment's arguments."""
