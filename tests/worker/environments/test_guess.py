@@ -13,6 +13,7 @@ from mtrl_worker.environments.guess import (
     GuessGame,
     example_game,
     extract_guess,
+    middle_credit,
 )
 from mtrl_worker.environments.registry import load_environment
 from mtrl_worker.rewards import compose, resolve_weights
@@ -152,14 +153,33 @@ def test_the_consistency_reward_is_an_argument_bounded_by_the_speed_step() -> No
         load_environment("guess", {"answers": "colour"})
 
 
-def _random_game(rng: random.Random, max_guesses: int, consistent_reward: float = TURN_CONSISTENT
-                 ) -> GuessGame:
+def test_middle_credit_pays_halving_what_is_left() -> None:
+    assert [middle_credit(g, 11, 20) for g in range(10, 22)] == \
+        [0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0, 0.0]  # even: both middles
+    assert [middle_credit(g, 1, 5) for g in range(1, 6)] == [0.0, 0.5, 1.0, 0.5, 0.0]
+    assert middle_credit(7, 7, 7) == middle_credit(7, 7, 8) == middle_credit(8, 7, 8) == 1.0
+    env = load_environment("guess", {"consistent_reward": "0.12", "consistent_credit": "middle",
+                                     "answers": "range"})
+    game = env.episode({"secret": "12", "low": "1", "high": "20"}, EpisodeLimits(6, 1000)).game
+    # 1-20: the middle; 11-20: its end; 11-19: halfway out; 11-16: outside, then a middle.
+    for reply in ("10", "20", "17", "3", "13", "12"):
+        game.play(reply)
+    assert game.turn_rewards == pytest.approx([
+        TURN_VALID + 0.12, TURN_VALID, TURN_VALID + 0.06, TURN_VALID, TURN_VALID + 0.12,
+        TURN_VALID + 0.12 + 1 + 1 / 6])
+    with pytest.raises(ValueError, match="consistent_credit must be one of inside, middle"):
+        load_environment("guess", {"consistent_credit": "edge"})
+
+
+def _random_game(rng: random.Random, max_guesses: int, consistent_reward: float = TURN_CONSISTENT,
+                 consistent_credit: str = "inside") -> GuessGame:
     low = rng.randint(1, 81)
     game = GuessGame(low + rng.randrange(20), low, low + 19, max_guesses,
-                     consistent_reward=consistent_reward)
+                     consistent_reward=consistent_reward, consistent_credit=consistent_credit)
     while not game.over:
+        allowed = range(game.allowed[0], game.allowed[1] + 1)
         game.play(rng.choice(["x", "0", str(rng.randint(low - 2, low + 21)),
-                              str(rng.choice(range(game.allowed[0], game.allowed[1] + 1)))]))
+                              str(rng.choice(allowed)), str(allowed[len(allowed) // 2])]))
     return game
 
 
@@ -179,21 +199,24 @@ def test_a_faster_win_beats_a_slower_one_and_any_win_beats_a_loss(max_guesses: i
     assert min(wins[lengths[-1]]) > max(losses)
 
 
-@pytest.mark.parametrize(("max_guesses", "consistent_reward"),
-                         [(1, TURN_CONSISTENT), (2, TURN_CONSISTENT), (6, TURN_CONSISTENT),
-                          (10, TURN_CONSISTENT), (6, 0.12), (10, 0.05)])
+@pytest.mark.parametrize(("max_guesses", "consistent_reward", "consistent_credit"),
+                         [(1, TURN_CONSISTENT, "inside"), (2, TURN_CONSISTENT, "inside"),
+                          (6, TURN_CONSISTENT, "inside"), (10, TURN_CONSISTENT, "inside"),
+                          (6, 0.12, "inside"), (10, 0.05, "inside"), (6, 0.12, "middle"),
+                          (10, 0.05, "middle")])
 def test_turn_rewards_summed_over_a_game_rank_any_win_over_any_loss(
-        max_guesses: int, consistent_reward: float) -> None:
+        max_guesses: int, consistent_reward: float, consistent_credit: str) -> None:
     """What a game's first turn is credited with under return-to-go: a win beats a loss
-    however it was played; and between games without an invalid or repeated reply, a win in
-    fewer turns beats one in more where every guess was valid, new and consistent (a slower
-    game with better turns may earn more than a faster one with worse)."""
+    however it was played; and a win in fewer turns beats one in more where every guess earned
+    the full turn reward, valid, new and consistent (and, with middle credit, at the middle of
+    what was left). A slower game with better turns may earn more than a faster one with worse:
+    that is the credit."""
     rng = random.Random(100 + max_guesses)
     wins: dict[int, list[float]] = {}
     clean_wins: dict[int, list[float]] = {}
     losses: list[float] = []
     for _ in range(20_000):
-        game = _random_game(rng, max_guesses, consistent_reward)
+        game = _random_game(rng, max_guesses, consistent_reward, consistent_credit)
         turn_rewards = game.score().turn_rewards
         assert turn_rewards is not None and len(turn_rewards) == game.turns
         total = sum(turn_rewards)
@@ -201,11 +224,13 @@ def test_turn_rewards_summed_over_a_game_rank_any_win_over_any_loss(
             losses.append(total)
             continue
         wins.setdefault(game.turns, []).append(total)
-        if game.consistent == game.turns:
+        win = 1 + (max_guesses - game.turns + 1) / max_guesses
+        if total - win == pytest.approx(game.turns * (TURN_VALID + consistent_reward)):
             clean_wins.setdefault(game.turns, []).append(total)
     assert min(min(w) for w in wins.values()) > max(losses)
     lengths = sorted(clean_wins)
-    assert len(lengths) >= min(max_guesses, 7)  # long games without a slip are rare at random
+    # Long games without a slip are rare at random; halving finds one of 20 within 5 guesses.
+    assert len(lengths) >= min(max_guesses, 7 if consistent_credit == "inside" else 5)
     for faster, slower in itertools.pairwise(lengths):
         assert min(clean_wins[faster]) > max(clean_wins[slower])
 

@@ -34,14 +34,16 @@ in one game share the credit and validity counts only through 0.05-weighted term
 - TURN_VALID (0.04) for a valid new guess (a number in the range not guessed before), 0 for an
   invalid or repeated reply;
 - TURN_CONSISTENT (0.04; the argument `consistent_reward`, bounded by `consistent_reward_bounds`)
-  more when that guess lies in the range the answers so far leave;
+  more when that guess lies in the range the answers so far leave (with `consistent_credit:
+  middle`, times `middle_credit`: 1 at the range's middle, 0 at its ends);
 - the win, on the turn it happens: 1 + (T - turn + 1) / T (the episode's `solved` + `speed`).
 With return-to-go credit (the trainer sums a turn's reward and the later ones), the sum over a
 whole game keeps the episode's order where it matters (checked by the same random games): any
 win > any loss, since a clean turn earns at most 0.08 and T <= 10 of them stay below the win's
-least, 1 + 1/T; and between two games whose every guess was valid, new and consistent, a win in
-fewer turns > a win in more, since one such turn more earns 0.08 < 1/T, the speed step. (A
-slower game with better turns may earn more than a faster one with worse: that is the credit.)
+least, 1 + 1/T; and between two games whose every guess earned the full turn reward (valid, new
+and consistent; with middle credit, at the middle too), a win in fewer turns > a win in more,
+since one such turn more earns 0.08 < 1/T, the speed step. (A slower game with better turns may
+earn more than a faster one with worse: that is the credit.)
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ TURN_VALID = 0.04  # a turn's reward for a valid new guess
 TURN_CONSISTENT = 0.04  # and for one inside the range the answers so far leave
 MAX_GUESSES_PROVEN = 10  # the reward orders above hold for T up to this
 ANSWERS = ("direction", "range")  # "Higher." / "Lower.", or with what is left: "It is from 7 to 12."
+CREDITS = ("inside", "middle")  # consistent_reward for any guess inside the range left, or by
+# how near its middle the guess is
 
 RULES = (
     "Let's play a game. I'm thinking of a whole number from {low} to {high}. Guess it in at "
@@ -93,23 +97,28 @@ class GuessGame(GuessingGame[int | None]):
     """The game state and its score, without any I/O."""
 
     def __init__(self, secret: int, low: int, high: int, max_guesses: int = MAX_GUESSES, *,
-                 answers: str = "direction", consistent_reward: float = TURN_CONSISTENT) -> None:
+                 answers: str = "direction", consistent_reward: float = TURN_CONSISTENT,
+                 consistent_credit: str = "inside") -> None:
         if not low <= secret <= high:
             raise ValueError(f"secret {secret} is not in [{low}, {high}]")
         if answers not in ANSWERS:
             raise ValueError(f"answers {answers!r} is not one of {', '.join(ANSWERS)}")
+        if consistent_credit not in CREDITS:
+            raise ValueError(f"consistent_credit {consistent_credit!r} is not one of "
+                             f"{', '.join(CREDITS)}")
         super().__init__(max_guesses)
         self.secret, self.low, self.high = secret, low, high
         self.answers, self.consistent_reward = answers, consistent_reward
+        self.consistent_credit = consistent_credit
         self.allowed = (low, high)  # what the answers so far leave possible
         self.consistent = 0  # valid guesses inside `allowed` when made
+        self.credit = 0.0  # the last guess's share of consistent_reward
         self.turn_rewards: list[float] = []
 
     def play(self, reply: str) -> str:
-        new, consistent = len(self.guesses), self.consistent
+        new, self.credit = len(self.guesses), 0.0
         answer = super().play(reply)
-        reward = (TURN_VALID * (len(self.guesses) > new)
-                  + self.consistent_reward * (self.consistent > consistent))
+        reward = TURN_VALID * (len(self.guesses) > new) + self.consistent_reward * self.credit
         if self.solved:  # on this turn: the game is over once it is won
             reward += 1.0 + (self.max_guesses - self.turns + 1) / self.max_guesses
         self.turn_rewards.append(reward)
@@ -131,6 +140,8 @@ class GuessGame(GuessingGame[int | None]):
         assert guess is not None  # valid
         lo, hi = self.allowed
         self.consistent += lo <= guess <= hi
+        self.credit = middle_credit(guess, lo, hi) if self.consistent_credit == "middle" \
+            else float(lo <= guess <= hi)
         if guess == self.secret:
             self.solved = True
             return "Correct!"
@@ -155,6 +166,19 @@ class GuessGame(GuessingGame[int | None]):
             metrics=self.metrics(),
             turn_rewards=list(self.turn_rewards),
         )
+
+
+def middle_credit(guess: int, low: int, high: int) -> float:
+    """How near the middle of [low, high] the guess is: 1 at the middle (either middle number
+    of an even count, or the one number left), falling to 0 at the ends and outside. Halving
+    what is left is how 6 guesses always find one of 20 numbers; a guess at the range's end
+    is consistent and finds one of them at a time."""
+    if not low <= guess <= high:
+        return 0.0
+    if high - low <= 1:
+        return 1.0
+    off = max(0, abs(2 * guess - low - high) - (high - low) % 2)  # 0 for the middle number(s)
+    return 1.0 - off / (high - low - (high - low) % 2)
 
 
 def example_game(low: int, high: int, secret: int, max_guesses: int,
@@ -224,6 +248,10 @@ class GuessEnvironment(Environment):
                   doc="A turn's reward for a guess inside the range the answers left (turn "
                       "credit); below 1/T - 0.04, or a clean turn would outweigh the speed "
                       "step 1/T."),
+        Parameter(name="consistent_credit", type="str", default="inside", choices=list(CREDITS),
+                  doc='"inside": consistent_reward for any guess inside the range the answers '
+                      'left; "middle": scaled by how near its middle (1 at the middle, 0 at '
+                      "its ends), which pays halving what is left."),
     )
     task_fields = (
         TaskField(name="secret", type="int", required=True, doc="The secret number."),
@@ -232,17 +260,21 @@ class GuessEnvironment(Environment):
     )
 
     def __init__(self, max_guesses: int | str = MAX_GUESSES, answers: str = "direction",
-                 consistent_reward: float | str = TURN_CONSISTENT) -> None:
+                 consistent_reward: float | str = TURN_CONSISTENT,
+                 consistent_credit: str = "inside") -> None:
         given = self.arguments(max_guesses=max_guesses, answers=answers,
-                               consistent_reward=consistent_reward)
+                               consistent_reward=consistent_reward,
+                               consistent_credit=consistent_credit)
         self.max_guesses, self.answers = int(given["max_guesses"]), str(given["answers"])
         self.consistent_reward = float(given["consistent_reward"])
+        self.consistent_credit = str(given["consistent_credit"])
 
     def game(self, task: Mapping[str, Any], max_guesses: int) -> GuessGame:
         """A new game of `task` under this environment's arguments."""
         return GuessGame(int(task["secret"]), int(task.get("low", 1)), int(task.get("high", SPAN)),
                          max_guesses, answers=self.answers,
-                         consistent_reward=self.consistent_reward)
+                         consistent_reward=self.consistent_reward,
+                         consistent_credit=self.consistent_credit)
 
     def episode(self, task: Mapping[str, Any], limits: EpisodeLimits) -> GameEpisode:
         game = self.game(task, min(self.max_guesses, limits.max_turns))
