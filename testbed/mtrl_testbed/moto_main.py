@@ -47,11 +47,12 @@ And a RunTask that botocore repeats after losing its answer (a read timeout, a r
 connection, a 5xx) starts its tasks once. Real ECS answers a repeated `clientToken` with the
 first call's tasks (RunTask API reference: "An identifier that you provide to ensure the
 idempotency of the request"); moto ignores the token and starts them again (the fault tests
-once saw 14 tasks of a 12-task run; the 4 live tasks of a 2-task run a CI run saw in
-test_two_installs (twice) were a second operator reconciling that run, fixed in the test).
-`answer_retries_once` honours the token for a retry of the same call only, as botocore marks
-it (the same `amz-sdk-invocation-id` header): a new call with an old token still starts new
-tasks, so an operator that skipped its look-up before RunTask still fails the crash tests.
+once saw 14 tasks of a 12-task run; the 4 live tasks of a 2-task run that CI saw twice in
+test_two_installs were, by the second failure's log, a second operator reconciling that run,
+fixed in the test). `answer_retries_once` honours the token for a retry of the same call only,
+as botocore marks it (the same `amz-sdk-invocation-id` header): a new call with an old token
+still starts new tasks, so an operator that skipped its look-up before RunTask still fails the
+crash tests.
 """
 
 from __future__ import annotations
