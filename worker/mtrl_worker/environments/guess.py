@@ -68,8 +68,8 @@ TURN_VALID = 0.04  # a turn's reward for a valid new guess
 TURN_CONSISTENT = 0.04  # and for one inside the range the answers so far leave
 MAX_GUESSES_PROVEN = 10  # the reward orders above hold for T up to this
 ANSWERS = ("direction", "range")  # "Higher." / "Lower.", or with what is left: "It is from 7 to 12."
-CREDITS = ("inside", "middle")  # consistent_reward for any guess inside the range left, or by
-# how near its middle the guess is
+# consistent_reward for any guess inside the range left, or by how near its middle it is
+CREDITS = ("inside", "middle")
 
 RULES = (
     "Let's play a game. I'm thinking of a whole number from {low} to {high}. Guess it in at "
@@ -112,13 +112,18 @@ class GuessGame(GuessingGame[int | None]):
         self.consistent_credit = consistent_credit
         self.allowed = (low, high)  # what the answers so far leave possible
         self.consistent = 0  # valid guesses inside `allowed` when made
-        self.credit = 0.0  # the last guess's share of consistent_reward
         self.turn_rewards: list[float] = []
 
     def play(self, reply: str) -> str:
-        new, self.credit = len(self.guesses), 0.0
+        new, (lo, hi) = len(self.guesses), self.allowed
         answer = super().play(reply)
-        reward = TURN_VALID * (len(self.guesses) > new) + self.consistent_reward * self.credit
+        reward = 0.0
+        if len(self.guesses) > new:  # a valid new guess, judged against the range it was made in
+            guess = self.guesses[-1]
+            assert guess is not None  # valid
+            credit = middle_credit(guess, lo, hi) if self.consistent_credit == "middle" \
+                else float(lo <= guess <= hi)
+            reward = TURN_VALID + self.consistent_reward * credit
         if self.solved:  # on this turn: the game is over once it is won
             reward += 1.0 + (self.max_guesses - self.turns + 1) / self.max_guesses
         self.turn_rewards.append(reward)
@@ -140,8 +145,6 @@ class GuessGame(GuessingGame[int | None]):
         assert guess is not None  # valid
         lo, hi = self.allowed
         self.consistent += lo <= guess <= hi
-        self.credit = middle_credit(guess, lo, hi) if self.consistent_credit == "middle" \
-            else float(lo <= guess <= hi)
         if guess == self.secret:
             self.solved = True
             return "Correct!"
