@@ -154,12 +154,13 @@ class EnvironmentInfo(ApiModel):
 
     def argument_problems(self, args: Mapping[str, Any]) -> list[str]:
         """Why the environment would refuse these arguments: unknown names, values it cannot
-        take. Empty when it declares none (nothing is known to check)."""
+        take, alone or beside another. Empty when it declares none (nothing is known to
+        check)."""
         if self.parameters is None:
             return []
         declared = {p.name: p for p in self.parameters}
-        out = []
         values = {p.name: p.default for p in self.parameters if p.default is not None}
+        out = []
         for name, raw in args.items():
             if name not in declared:
                 out.append(f"{name!r} is not an argument of environment {self.name!r} (it "
@@ -170,15 +171,6 @@ class EnvironmentInfo(ApiModel):
             except ValueError as exc:
                 out.append(str(exc))
         return out or bound_problems(self.parameters, values)
-
-    def convert_arguments(self, args: Mapping[str, Any]) -> dict[str, Scalar]:
-        """The arguments the environment is built with: each converted, defaults filled in."""
-        if problems := self.argument_problems(args):
-            raise ValueError(f"environment {self.name!r}: {'; '.join(problems)}")
-        out = {p.name: p.default for p in self.parameters or [] if p.default is not None}
-        declared = {p.name: p for p in self.parameters or []}
-        out.update({k: declared[k].convert(v) if k in declared else v for k, v in args.items()})
-        return out
 
     def task_problem(self, task: Mapping[str, Any]) -> str | None:
         """Why the environment would refuse this task row, or None (also when it declares
