@@ -13,7 +13,8 @@ greedily (once), and every play is a line of the run's eval.jsonl. Per seed and 
 - the gain's 95% paired-bootstrap interval: the same games before and after, resampled
   together, which is far narrower than an interval from two independent rates;
 - the `consistent` component (the share of valid guesses inside the range the answers left:
-  using the feedback) before and after;
+  using the feedback) before and after, and the `halving` metric (how near the middle of that
+  range the guesses were: searching, not only staying inside), where the plays report it;
 - pass@k (sampled), the reward curve, decode tokens/s and minutes.
 The random-valid-play baseline (distinct guesses in the range that ignore the answers: T/N of
 the games, 30% at 6 guesses over 20) is a row of its own. The table goes to stdout
@@ -108,15 +109,21 @@ def simulate_random_valid(guesses: int, span: int, games: int, rng: random.Rando
     return won / games
 
 
+def value_of(line: dict[str, Any], value: str) -> float:
+    """One eval.jsonl line's `value`: "success", a reward component's name or a metric's."""
+    if value == "success":
+        return float(line["success"])
+    return float({**line.get("metrics", {}), **line["components"]}[value])
+
+
 def per_game(lines: Sequence[dict[str, Any]], step: int, mode: str,
              value: str = "success") -> dict[int, float]:
-    """Each held-out game's mean `value` ("success", or a reward component's name) over its
-    plays of the evaluation after `step` in `mode`, from eval.jsonl's lines."""
+    """Each held-out game's mean `value` (`value_of`) over its plays of the evaluation after
+    `step` in `mode`, from eval.jsonl's lines."""
     sums: dict[int, list[float]] = {}
     for line in lines:
         if line["step"] == step and line["mode"] == mode:
-            got = line["success"] if value == "success" else line["components"][value]
-            sums.setdefault(line["task"], []).append(float(got))
+            sums.setdefault(line["task"], []).append(value_of(line, value))
     return {task: sum(v) / len(v) for task, v in sorted(sums.items())}
 
 
@@ -145,15 +152,17 @@ def paired_gain_interval(before: dict[int, float], after: dict[int, float], rng:
 def mode_summary(lines: Sequence[dict[str, Any]], first: int, last: int, mode: str,
                  rng: random.Random, resamples: int = RESAMPLES) -> dict[str, Any]:
     """One mode's before (step `first`) and after (step `last`): success rates over all plays,
-    their intervals, the paired gain interval and the `consistent` component's means."""
+    their intervals, the paired gain interval, the `consistent` component's means and, where
+    the plays report it, the `halving` metric's."""
     before, after = per_game(lines, first, mode), per_game(lines, last, mode)
     plays = {step: [line for line in lines if line["step"] == step and line["mode"] == mode]
              for step in (first, last)}
 
     def rate(step: int, value: str = "success") -> float:
-        got = [float(line["success"] if value == "success" else line["components"][value])
-               for line in plays[step]]
+        got = [value_of(line, value) for line in plays[step]]
         return sum(got) / len(got) if got else float("nan")
+
+    halving = all("halving" in line.get("metrics", {}) for step in plays for line in plays[step])
 
     return {
         "before": rate(first), "after": rate(last),
@@ -161,6 +170,8 @@ def mode_summary(lines: Sequence[dict[str, Any]], first: int, last: int, mode: s
         "after_interval": list(bootstrap_interval(list(after.values()), rng, resamples)),
         "gain_interval": list(paired_gain_interval(before, after, rng, resamples)),
         "consistent_before": rate(first, "consistent"), "consistent_after": rate(last, "consistent"),
+        **({"halving_before": rate(first, "halving"), "halving_after": rate(last, "halving")}
+           if halving else {}),
         "games": len(before.keys() & after.keys()), "plays": len(plays[last]),
     }
 
@@ -204,10 +215,10 @@ def table(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
           "resamples), the gain's paired\n")
     ks = [k for k in args.pass_at_k if k > 1]
     print("| seed | mode | held-out success before [95% CI] | after [95% CI] | gain [paired 95% CI] "
-          "| `consistent` before -> after | "
+          "| `consistent` before -> after | `halving` before -> after | "
           + "".join(f"pass@{k} before -> after | " for k in ks)
           + "reward first 3 -> last 3 steps | decode tok/s | minutes |")
-    print("|---" * (9 + len(ks)) + "|")
+    print("|---" * (10 + len(ks)) + "|")
     for r in results:
         rewards = [v for _, v in r["rewards"]]
         first, last = rewards[:3], rewards[-3:]
@@ -218,11 +229,13 @@ def table(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
             print(f"| {r['seed']} | {mode} | {m['before']:.3f} {_interval(m['before_interval'])} | "
                   f"{m['after']:.3f} {_interval(m['after_interval'])} | "
                   f"{m['after'] - m['before']:+.3f} {_interval(m['gain_interval'], True)} | "
-                  f"{m['consistent_before']:.3f} -> {m['consistent_after']:.3f} | " + passes
+                  f"{m['consistent_before']:.3f} -> {m['consistent_after']:.3f} | "
+                  + (f"{m['halving_before']:.3f} -> {m['halving_after']:.3f} | "
+                     if "halving_before" in m else "- | ") + passes
                   + f"{sum(first) / len(first):.3f} -> {sum(last) / len(last):.3f} | "
                   f"{r['tokens_per_s']:.0f} | {r['minutes']:.1f} |")
     baseline = random_valid_baseline(args.guesses)
-    print(f"| - | random valid play | {baseline:.3f} | {baseline:.3f} | - | - | "
+    print(f"| - | random valid play | {baseline:.3f} | {baseline:.3f} | - | - | - | "
           + "| " * len(ks) + "- | - | - |")
     for mode in MODES:
         gains = [r[mode]["after"] - r[mode]["before"] for r in results]

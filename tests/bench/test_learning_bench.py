@@ -55,9 +55,13 @@ def test_the_paired_gain_interval_is_narrower_than_the_unpaired_one() -> None:
     assert bench.paired_gain_interval({0: 0.0, 1: 0.0}, {1: 1.0, 2: 1.0}, rng, 100) == (1.0, 1.0)
 
 
-def _lines(step: int, mode: str, wins: list[list[bool]], consistent: float) -> list[dict[str, Any]]:
+def _lines(step: int, mode: str, wins: list[list[bool]], consistent: float,
+           halving: float | None = None) -> list[dict[str, Any]]:
+    """eval.jsonl's lines; without `halving`, as the trainer wrote them before plays carried
+    their metrics."""
     return [{"step": step, "mode": mode, "task": task, "play": play, "success": won,
-             "reward": float(won), "components": {"solved": float(won), "consistent": consistent}}
+             "reward": float(won), "components": {"solved": float(won), "consistent": consistent},
+             **({"metrics": {"turns": 6.0, "halving": halving}} if halving is not None else {})}
             for task, plays in enumerate(wins) for play, won in enumerate(plays)]
 
 
@@ -68,6 +72,24 @@ def test_per_game_means_over_plays_of_one_evaluation() -> None:
     assert bench.per_game(lines, 0, "greedy") == {0: 1.0, 1: 1.0}
     assert bench.per_game(lines, 0, "greedy", "consistent") == {0: 1.0, 1: 1.0}
     assert bench.per_game(lines, 3, "greedy") == {}
+    measured = _lines(0, "greedy", [[True], [False]], 1.0, halving=0.75)
+    assert bench.per_game(measured, 0, "greedy", "halving") == {0: 0.75, 1: 0.75}
+
+
+def test_the_halving_metric_is_summed_up_where_the_plays_report_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`consistent` cannot tell a player that halves from one that counts up inside the range;
+    the `halving` metric can. Runs from before it was recorded still summarise, without it."""
+    args = _args()
+    lines = [*_lines(0, "greedy", [[False], [True]], 0.5, halving=0.4),
+             *_lines(2, "greedy", [[True], [True]], 1.0, halving=0.9)]
+    greedy = bench.mode_summary(lines, 0, 2, "greedy", random.Random(0), 100)
+    assert (greedy["halving_before"], greedy["halving_after"]) == pytest.approx((0.4, 0.9))
+    older = _seed(args, 0)
+    assert "halving_before" not in older["greedy"]
+    bench.table(args, [older, {**older, "seed": 1, "greedy": greedy}])
+    rows = [line for line in capsys.readouterr().out.splitlines() if "| greedy |" in line]
+    assert "| 0.250 -> 1.000 | - |" in rows[0] and "| 0.400 -> 0.900 |" in rows[1], rows
 
 
 def _args(**changes: Any) -> Any:

@@ -35,16 +35,19 @@ def _result(kind: str, task: int, play: int, reward: float, solved: bool) -> Rol
                       MetricEntry(name="turns", value=6.0, type="Metric")])
 
 
-def test_each_play_is_a_line_naming_its_task_play_success_and_reward_components() -> None:
+def test_each_play_is_a_line_naming_its_task_play_success_components_and_metrics() -> None:
     results = [_result("v", 12, 10, 0.9, True), _result("v", 12, 2, 0.1, False),
                _result("v", 3, 0, 0.2, False)]
     assert plays(4, "sampled", results) == [
         {"step": 4, "mode": "sampled", "task": 3, "play": 0, "success": False, "reward": 0.2,
-         "components": {"solved": 0.0, "consistent": 0.5}},
+         "components": {"solved": 0.0, "consistent": 0.5},
+         "metrics": {"turns": 6.0}},
         {"step": 4, "mode": "sampled", "task": 12, "play": 2, "success": False, "reward": 0.1,
-         "components": {"solved": 0.0, "consistent": 0.5}},
+         "components": {"solved": 0.0, "consistent": 0.5},
+         "metrics": {"turns": 6.0}},
         {"step": 4, "mode": "sampled", "task": 12, "play": 10, "success": True, "reward": 0.9,
-         "components": {"solved": 1.0, "consistent": 0.5}},
+         "components": {"solved": 1.0, "consistent": 0.5},
+         "metrics": {"turns": 6.0}},
     ]
     greedy = [_result("vg", 12, 0, 0.9, True), _result("vg", 3, 0, 0.9, True)]
     assert evaluation(results, [1, 2], greedy).greedy_success_rate == 1.0

@@ -40,11 +40,13 @@ def play_index(result: RolloutResult) -> int:
 def plays(step: int, mode: Mode, results: Sequence[RolloutResult]) -> list[dict[str, Any]]:
     """eval.jsonl's lines for one evaluation's plays in one mode: the step it followed (0: the
     base policy), the mode, the task (its index in the validation split) and the play of it,
-    whether it succeeded (`stats.succeeded`), its aggregate reward and its reward components.
+    whether it succeeded (`stats.succeeded`), its aggregate reward, its reward components and
+    the environment's other metrics.
     A play whose episode failed or never came back has no line, as it has no part in the rates."""
     return [{"step": step, "mode": mode, "task": task_index(r), "play": play_index(r),
              "success": succeeded(r), "reward": r.aggregate_reward_score,
-             "components": {m.name: m.value for m in r.metrics_list if m.type == "Reward"}}
+             "components": {m.name: m.value for m in r.metrics_list if m.type == "Reward"},
+             "metrics": {m.name: m.value for m in r.metrics_list if m.type == "Metric"}}
             for r in sorted(results, key=lambda r: (task_index(r), play_index(r)))]
 
 

@@ -167,6 +167,13 @@ def test_middle_credit_pays_halving_what_is_left() -> None:
     assert game.turn_rewards == pytest.approx([
         TURN_VALID + 0.12, TURN_VALID, TURN_VALID + 0.06, TURN_VALID, TURN_VALID + 0.12,
         TURN_VALID + 0.12 + 1 + 1 / 6])
+    # the `halving` metric: the mean middle credit of the valid guesses, under either credit
+    assert game.score().metrics["halving"] == pytest.approx((1 + 0 + 0.5 + 0 + 1 + 1) / 6)
+    inside = GuessGame(12, 1, 20, answers="range")
+    for reply in ("10", "x", "20", "20", "17", "13"):  # invalid and repeated: no guess
+        inside.play(reply)
+    assert inside.score().metrics["halving"] == pytest.approx((1 + 0 + 0.5 + 1) / 4)
+    assert GuessGame(12, 1, 20).score().metrics["halving"] == 0.0  # no guess yet
     with pytest.raises(ValueError, match="consistent_credit must be one of inside, middle"):
         load_environment("guess", {"consistent_credit": "edge"})
 

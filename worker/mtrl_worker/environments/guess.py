@@ -112,6 +112,7 @@ class GuessGame(GuessingGame[int | None]):
         self.consistent_credit = consistent_credit
         self.allowed = (low, high)  # what the answers so far leave possible
         self.consistent = 0  # valid guesses inside `allowed` when made
+        self.halving = 0.0  # their middle credit, summed (a metric under either credit)
         self.turn_rewards: list[float] = []
 
     def play(self, reply: str) -> str:
@@ -121,8 +122,9 @@ class GuessGame(GuessingGame[int | None]):
         if len(self.guesses) > new:  # a valid new guess, judged against the range it was made in
             guess = self.guesses[-1]
             assert guess is not None  # valid
-            credit = middle_credit(guess, lo, hi) if self.consistent_credit == "middle" \
-                else float(lo <= guess <= hi)
+            middle = middle_credit(guess, lo, hi)
+            self.halving += middle
+            credit = middle if self.consistent_credit == "middle" else float(lo <= guess <= hi)
             reward = TURN_VALID + self.consistent_reward * credit
         if self.solved:  # on this turn: the game is over once it is won
             reward += 1.0 + (self.max_guesses - self.turns + 1) / self.max_guesses
@@ -166,7 +168,10 @@ class GuessGame(GuessingGame[int | None]):
                 "consistent": self.consistent / len(self.guesses) if self.guesses else 0.0,
                 "invalid_or_repeated": -(self.invalid + self.repeated) / t,
             },
-            metrics=self.metrics(),
+            metrics=self.metrics() | {
+                # how near the middle of the range left its valid guesses were, on average: 1
+                # for a player that halves, about 0.5 for one that guesses anywhere inside
+                "halving": self.halving / len(self.guesses) if self.guesses else 0.0},
             turn_rewards=list(self.turn_rewards),
         )
 
