@@ -86,3 +86,16 @@ def test_rows_with_one_advantage_stay_one_number_per_row() -> None:
     rows = build_rows([two_turns(0, 0, None, 1.0)], [0.5], loss_type="dapo",
                       max_completion_length=8, max_sequence_length=64, micro_batches=1)
     assert rows[0].token_advantages is None and pad(rows, 0).advantages.tolist() == [0.5]
+
+
+def test_a_micro_batch_holds_whole_groups_so_their_shared_prompt_runs_once() -> None:
+    """Episodes are dealt in order, in equal runs: with 3 groups of 2 and 3 micro-batches, each
+    micro-batch is one group (logprobs.shared_prefixes then runs its prompt once)."""
+    rewards = [(1.0, 0.0), (0.0, 1.0), (1.0, 0.5)]
+    groups = [[result(g, i, r) for i, r in enumerate(pair)] for g, pair in enumerate(rewards)]
+    prepared = prepare(Rollouts(groups, [r for g in groups for r in g]),
+                       config(groupSize=2, promptsPerStep=3, gradientAccumulationSteps=3), 3)
+    assert [row.micro_batch for row in prepared.rows] == [0, 0, 1, 1, 2, 2]
+    one = prepare(Rollouts(groups, [r for g in groups for r in g]),
+                  config(groupSize=2, promptsPerStep=3), 1)
+    assert {row.micro_batch for row in one.rows} == {0}

@@ -12,7 +12,7 @@ from mtrl_api.run import ModelSpec  # noqa: E402
 from mtrl_rollout.protocol import ChatMessage, RolloutResult, TurnRecord  # noqa: E402
 from mtrl_trainer.batch import build_rows, pad  # noqa: E402
 from mtrl_trainer.decoder import FastDecoder  # noqa: E402
-from mtrl_trainer.logprobs import SequenceLogprobs, full_logprobs  # noqa: E402
+from mtrl_trainer.logprobs import SequenceLogprobs, full_logprobs, shared_prefixes  # noqa: E402
 from mtrl_trainer.models import Policy, load_policy  # noqa: E402
 from mtrl_trainer.sampling import SamplingParams  # noqa: E402
 from mtrl_trainer.update import Diverged, UpdateConfig, step_loss, train_step  # noqa: E402
@@ -198,6 +198,54 @@ def test_chunked_logprobs_equal_full_logits_values_and_gradients() -> None:
         ids, attention, where, 0.7)
     assert torch.allclose(chunked, full, atol=1e-5)
     for a, b in zip(grads(chunked), full_grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), float((a - b).abs().max())
+
+
+def test_rows_are_grouped_by_the_prefix_they_share() -> None:
+    prompt = list(range(100, 140))
+    rows = [[*prompt, 1, 2, 3], list(range(50)), [*prompt, 1, 2], prompt[:35] + [7] * 9,
+            [*prompt, 9], list(range(50))]
+    assert shared_prefixes(rows, min_shared=32) == [
+        ([0, 2, 3, 4], 35),  # the group narrows to what all its rows share
+        ([1, 5], 49)]  # equal rows: each keeps its last token
+    assert shared_prefixes(rows, min_shared=36) == [([0, 2, 4], 40), ([1, 5], 49), ([3], 0)]
+    assert shared_prefixes([prompt], min_shared=8) == [([0], 0)]
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen2", "tiny-llama"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_rows_that_share_a_prompt_run_it_once_for_the_same_values_and_gradients(
+        preset: str, checkpointing: bool) -> None:
+    """A group's games open with the same prompt: the body runs it once and only each row's
+    own tokens on top; the logprobs and the LoRA gradients are those of whole rows. Under
+    gradient checkpointing (no cache) the rows run whole."""
+    gen = torch.Generator().manual_seed(4)
+    p = policy(preset, checkpointing=checkpointing)
+    p.model.train()
+    vocab = p.tokenizer.vocab_size
+    prompt = torch.randint(0, vocab, (40,), generator=gen)
+    ids = torch.cat([prompt.expand(4, -1), torch.randint(0, vocab, (4, 12), generator=gen)], dim=1)
+    ids[3] = torch.randint(0, vocab, (52,), generator=gen)  # a row of another game
+    attention = torch.ones_like(ids)
+    attention[1, 47:] = 0  # right-padded
+    where = (torch.rand(ids.shape, generator=gen) < 0.6).float() * attention
+    where[:, :40] = 0  # the prompt is not trained
+
+    def grads(values: torch.Tensor) -> list[torch.Tensor]:
+        p.model.zero_grad(set_to_none=True)
+        (values * where).sum().backward()
+        return [q.grad.clone() for q in p.model.parameters() if q.requires_grad]
+
+    whole = full_logprobs(p.model, ids, attention, 0.7) * where
+    whole_grads = grads(whole)
+    seen: list[int] = []  # tokens through the embedding
+    hook = p.model.get_input_embeddings().register_forward_hook(
+        lambda module, args, out: seen.append(args[0].numel()))
+    shared = SequenceLogprobs(p.model)(ids, attention, where, 0.7)
+    hook.remove()
+    assert sum(seen) == (ids.numel() if checkpointing else 40 + 3 * 12 + 52), seen
+    assert torch.allclose(shared, whole, atol=1e-5), float((shared - whole).abs().max())
+    for a, b in zip(grads(shared), whole_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), float((a - b).abs().max())
 
 

@@ -67,8 +67,10 @@ def build_rows(
     micro_batches: int,
 ) -> list[Row]:
     """Rows of one optimizer step. An episode's advantage is one number, or one per turn
-    (turn -> advantage) for the tokens of that turn. Episodes are dealt to micro-batches
-    round-robin so each micro-batch sees every group; rows with nothing to train are left out."""
+    (turn -> advantage) for the tokens of that turn. Episodes are dealt to micro-batches in
+    order, in equal runs: `results` come group by group, so a micro-batch holds whole groups
+    where the counts divide, and a group's games, which open with the same prompt, run it once
+    (`logprobs.shared_prefixes`). Rows with nothing to train are left out."""
     from mtrl_rollout.trajectory import flatten
 
     sequences = []
@@ -107,7 +109,7 @@ def rows_from_sequences(
     width = max(len(s.token_ids) for s in flat)
     mask_t = torch.tensor([s.mask + [0] * (width - len(s.mask)) for s in flat])
     episodes = torch.tensor([s.episode for s in flat])
-    micro = episodes % micro_batches
+    micro = episodes * micro_batches // (max(s.episode for s in sequences) + 1)
     weights = token_weights(
         mask_t, episodes, micro, loss_type=loss_type, max_completion_length=max_completion_length
     )
