@@ -351,9 +351,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--validation", type=int, default=24, help="held-out games")
     parser.add_argument("--pass-at-k", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--guesses", type=int, default=6)
-    parser.add_argument("--accumulate", type=int, default=32,
-                        help="micro-batches per step: one game each (without gradient "
-                             "checkpointing 4 games in one peaked at 17.8 GB)")
+    parser.add_argument("--accumulate", type=int, default=4,
+                        help="micro-batches per step: --prompts of them gives each game (its "
+                             "group of plays) one, whose shared prompt runs once in the update")
     parser.add_argument("--engine", choices=["mtrl", "trl"], default="mtrl",
                         help="trainer.engine (trl: episode credit, and files of its own)")
     parser.add_argument("--env-arg", type=env_arg, action="append", default=[],
