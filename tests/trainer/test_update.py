@@ -212,7 +212,7 @@ def test_rows_are_grouped_by_the_prefix_they_share() -> None:
     assert shared_prefixes([prompt], min_shared=8) == [([0], 0)]
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen2", "tiny-llama"])
+@pytest.mark.parametrize("preset", ["tiny-qwen2", "tiny-llama", "tiny-gpt-oss"])
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_rows_that_share_a_prompt_run_it_once_for_the_same_values_and_gradients(
         preset: str, checkpointing: bool) -> None:
