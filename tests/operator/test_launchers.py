@@ -139,12 +139,13 @@ def test_the_real_trainer_trains_on_two_nodes(cluster: LocalCluster, operator: O
     its rendezvous address; the run succeeds in one attempt."""
     resource, rank0, rank1, container = TWO_NODES[launcher]
     manifest = run_manifest("two-node", trainer={"launcher": launcher, "nodes": 2},
-                            # Enough completion tokens a step (8 x 2 x 12) that the random
+                            # Enough completion tokens a step (8 x 2 x 32) that the random
                             # policy samples the target and some group's rewards differ: a run
                             # that trains nothing fails (`nothing trained:`). At 4 x 2 x 4 both
-                            # launchers' runs trained nothing in a clean-clone CI run.
+                            # launchers' runs trained nothing in a clean-clone CI run, and at
+                            # 8 x 2 x 12 the Job's run once did (2026-12-07).
                             grpo={"maxSteps": 2, "groupSize": 8, "promptsPerStep": 2,
-                                  "maxNewTokens": 12},
+                                  "maxNewTokens": 32},
                             model={"name": "random:tiny-qwen2", "dtype": "float32",
                                    "maxSequenceLength": 128},
                             dataset={"inline": {"train": [{"target_token_id": "16"}]}})
