@@ -96,12 +96,16 @@ class SequenceLogprobs(nn.Module):
     def hidden_states(body: nn.Module, input_ids: torch.Tensor,
                       attention_mask: torch.Tensor) -> torch.Tensor:
         """[B, T, H]: the body's last hidden states, each shared prefix computed once."""
+        def whole() -> torch.Tensor:
+            return body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+        if any(getattr(m, "gradient_checkpointing", False) for m in body.modules()):
+            return whole()  # no cache under checkpointing: nothing to share
         lengths = attention_mask.sum(dim=1).tolist()  # right-padded rows
         groups = shared_prefixes([ids[:n] for ids, n in zip(input_ids.tolist(), lengths,
                                                              strict=True)])
-        checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in body.modules())
-        if checkpointing or all(shared == 0 for _, shared in groups):
-            return body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if all(shared == 0 for _, shared in groups):
+            return whole()
         cache_name = "cache" if "cache" in inspect.signature(body.forward).parameters \
             else "past_key_values"  # transformers before 5.2x
         parts, order = [], []

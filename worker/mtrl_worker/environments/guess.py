@@ -122,9 +122,10 @@ class GuessGame(GuessingGame[int | None]):
         if len(self.guesses) > new:  # a valid new guess, judged against the range it was made in
             guess = self.guesses[-1]
             assert guess is not None  # valid
-            middle = middle_credit(guess, lo, hi)
+            inside, middle = lo <= guess <= hi, middle_credit(guess, lo, hi)
+            self.consistent += inside
             self.halving += middle
-            credit = middle if self.consistent_credit == "middle" else float(lo <= guess <= hi)
+            credit = middle if self.consistent_credit == "middle" else float(inside)
             reward = TURN_VALID + self.consistent_reward * credit
         if self.solved:  # on this turn: the game is over once it is won
             reward += 1.0 + (self.max_guesses - self.turns + 1) / self.max_guesses
@@ -146,7 +147,6 @@ class GuessGame(GuessingGame[int | None]):
     def answer(self, guess: int | None, left: str) -> str:
         assert guess is not None  # valid
         lo, hi = self.allowed
-        self.consistent += lo <= guess <= hi
         if guess == self.secret:
             self.solved = True
             return "Correct!"
