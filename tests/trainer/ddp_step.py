@@ -1,7 +1,9 @@
 """One GRPO optimizer step on a fixed batch, under torchrun (any world size) or alone.
 
-Prints rank 0's step loss and a digest of the updated LoRA weights as JSON, so a test can compare
-world sizes. Used by test_distributed.py."""
+Prints rank 0's step loss, a digest of the updated LoRA weights and the token positions rank 0's
+embedding saw as JSON, so a test can compare world sizes. With `--shared-prefix` the rows come in
+groups that open alike and run without gradient checkpointing, so each rank runs its share of a
+group's opening once (`SequenceLogprobs.hidden_states`). Used by test_distributed.py."""
 
 from __future__ import annotations
 
@@ -38,16 +40,44 @@ def fixed_rows(vocab: int, count: int = 6, micro_batches: int = 2) -> list[Row]:
     return rows
 
 
+def grouped_rows(vocab: int, groups: int = 2, size: int = 4, opening: int = 40) -> list[Row]:
+    """`groups` groups of `size` rows, each group's rows opening with the same `opening` tokens
+    and one micro-batch per group, as a step's episodes are dealt."""
+    rng = random.Random(1)
+    rows = []
+    for g in range(groups):
+        prefix = [rng.randrange(vocab) for _ in range(opening)]
+        for _ in range(size):
+            own = rng.randint(6, 14)
+            mask = [0] * opening + [rng.choice((0, 1, 1)) for _ in range(own)]
+            trained = sum(mask)
+            rows.append(Row(
+                token_ids=prefix + [rng.randrange(vocab) for _ in range(own)],
+                mask=mask,
+                old_logprobs=[-rng.uniform(3, 6) if m else 0.0 for m in mask],
+                weights=[m / (trained * groups * size) for m in mask],
+                advantage=rng.uniform(-1, 1),
+                micro_batch=g,
+            ))
+    return rows
+
+
 def main() -> int:
+    shared = "--shared-prefix" in sys.argv[1:]
     world = init_world()
     torch.manual_seed(0)
     spec = ModelSpec.model_validate({"name": "random:tiny-qwen2", "dtype": "float32",
-                                     "lora": {"rank": 4, "alpha": 8, "dropout": 0.0}})
+                                     "lora": {"rank": 4, "alpha": 8, "dropout": 0.0},
+                                     "gradientCheckpointing": not shared})
     policy = load_policy(spec, seed=5, device=torch.device("cpu"))
+    embedded = [0]
+    policy.model.get_input_embeddings().register_forward_hook(
+        lambda _module, args, _out: embedded.__setitem__(0, embedded[0] + args[0].numel()))
     scorer = SequenceLogprobs(policy.model)
     model = DistributedDataParallel(scorer) if world.size > 1 else scorer
     optimizer = torch.optim.AdamW(lora_parameters(policy.model), lr=1e-2, weight_decay=0.0)
-    rows = broadcast(fixed_rows(policy.tokenizer.vocab_size) if world.is_leader else None, world)
+    make_rows = grouped_rows if shared else fixed_rows
+    rows = broadcast(make_rows(policy.tokenizer.vocab_size) if world.is_leader else None, world)
     stats = train_step(
         model, optimizer, rows,
         UpdateConfig(epsilon=0.2, epsilon_high=0.28, beta=0.05, temperature=1.0, micro_batches=2),
@@ -56,7 +86,7 @@ def main() -> int:
     digest = float(sum(p.double().sum() for p in lora_parameters(policy.model)))
     if world.is_leader:
         print(json.dumps({"loss": stats.loss, "grad_norm": stats.grad_norm, "digest": digest,
-                          "tokens": stats.trained_tokens}))
+                          "tokens": stats.trained_tokens, "embedded": embedded[0]}))
     close_world(world)
     return 0
 

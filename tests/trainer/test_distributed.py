@@ -20,9 +20,9 @@ SCRIPT = Path(__file__).with_name("ddp_step.py")
 SHARD_SCRIPT = Path(__file__).with_name("shard_serve.py")
 
 
-def run_step(nproc: int, script: Path = SCRIPT) -> dict[str, Any]:
+def run_step(nproc: int, script: Path = SCRIPT, *args: str) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", str(script)]
+           f"--nproc-per-node={nproc}", str(script), *args]
     # Keep the caller's path: a worktree's packages come before the editable install.
     path = os.pathsep.join(p for p in (str(SCRIPT.parents[2]), os.environ.get("PYTHONPATH")) if p)
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": path}
@@ -42,6 +42,23 @@ def test_two_gloo_ranks_match_one_process() -> None:
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-6)
     assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
     assert two["digest"] == pytest.approx(one["digest"], rel=1e-5)  # same update applied
+
+
+def test_two_gloo_ranks_match_one_process_where_rows_share_their_opening() -> None:
+    """Without gradient checkpointing a micro-batch's rows that open alike run the opening once
+    (`SequenceLogprobs.hidden_states`); each rank does so for its half of a group, and DDP's
+    all-reduce still gives the step one process computes."""
+    one, two = run_step(1, SCRIPT, "--shared-prefix"), run_step(2, SCRIPT, "--shared-prefix")
+    assert one["tokens"] == two["tokens"] > 0
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-6)
+    assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
+    assert two["digest"] == pytest.approx(one["digest"], rel=1e-5)
+    # 2 groups of 4 rows of 40 shared + 6-14 own tokens, one group per micro-batch, each run
+    # twice (the policy, and the reference for beta): whole rows would embed at least
+    # 2 x 2 x 4 x 46 positions in one process, 2 x 2 x 2 x 46 on each of two ranks.
+    forwards = 2
+    assert one["embedded"] <= forwards * 2 * (40 + 4 * 14) < forwards * 2 * 4 * 46
+    assert two["embedded"] <= forwards * 2 * (40 + 2 * 14) < forwards * 2 * 2 * 46
 
 
 def test_every_rank_serves_its_share_of_the_episodes() -> None:
