@@ -58,7 +58,7 @@ e2e-kind: install ## the demo on a kind cluster (needs docker, kind, kubectl, he
 bench: install tools ## benchmarks; results go to BENCHMARKS.md
 	$(BIN)/python bench/run_all.py
 
-bench-learning: install ## SmolLM2-135M-Instruct learning `guess` on CPU, 3 seeds of about 45 min on 2 cores; the table on stdout, curves in bench/learning.png, numbers in bench/results/learning.json
+bench-learning: install ## SmolLM2-135M-Instruct learning `guess` on CPU, 3 seeds of 37-69 min on 2 cores (BENCHMARKS.md); the table on stdout, curves in bench/learning.png, numbers in bench/results/learning.json
 	$(BIN)/python bench/learning_bench.py
 
 # TRL's side of the GPU check: the GPU machine has no TRL and no internet, so its wheels are

@@ -149,14 +149,17 @@ def test_the_bench_trains_with_turn_credit_and_evaluates_greedy_too() -> None:
     trl = bench.spec(_args(engine="trl"), seed=1)  # TRL's credit, within TRL's limits
     assert (trl["trainer"]["engine"], trl["grpo"]["advantageLevel"]) == ("trl", "episode")
     MultiTurnRLRunSpec.model_validate(trl)
-    ranged = bench.parser().parse_args(["--env-arg", "answers=range",
-                                        "--env-arg", "consistent_reward=0.12"])
-    assert bench.spec(ranged, seed=0)["rollout"]["environmentArgs"] == {
-        "max_guesses": "6", "answers": "range", "consistent_reward": "0.12"}
-    MultiTurnRLRunSpec.model_validate(bench.spec(ranged, seed=0))
-    setups = [bench.learning_json(a, [])["setup"] for a in (_args(), ranged)]
-    assert "environment_args" not in setups[0]  # earlier seeds' setups still match
-    assert setups[1]["environment_args"] == {"answers": "range", "consistent_reward": "0.12"}
+    # The settings that learned best are the defaults; a later --env-arg of a name wins.
+    assert spec["rollout"]["environmentArgs"] == {
+        "max_guesses": "6", "answers": "range", "consistent_reward": "0.12",
+        "consistent_credit": "middle"}
+    flat = bench.parser().parse_args(["--env-arg", "consistent_credit=inside"])
+    assert bench.spec(flat, seed=0)["rollout"]["environmentArgs"]["consistent_credit"] == "inside"
+    MultiTurnRLRunSpec.model_validate(bench.spec(flat, seed=0))
+    setups = [bench.learning_json(a, [])["setup"] for a in (_args(), flat)]
+    assert setups[0]["environment_args"]["consistent_credit"] == "middle"
+    assert setups[1]["environment_args"] == {"answers": "range", "consistent_reward": "0.12",
+                                             "consistent_credit": "inside"}
     with pytest.raises(SystemExit):
         bench.parser().parse_args(["--env-arg", "answers"])
     assert bench.outputs(_args()) == (Path("bench/results/learning.json"),
