@@ -22,21 +22,29 @@ from mtrl_trainer.models import load_policy
 from mtrl_trainer.update import UpdateConfig, lora_parameters, train_step
 
 
+def scored_row(rng: random.Random, token_ids: list[int], mask: list[int], count: int,
+               micro_batch: int) -> Row:
+    """A row of a batch of `count`: random old logprobs on its trained tokens, weights that sum
+    to 1 over the batch, a random advantage."""
+    trained = sum(mask)
+    return Row(
+        token_ids=token_ids,
+        mask=mask,
+        old_logprobs=[-rng.uniform(3, 6) if m else 0.0 for m in mask],
+        weights=[m / (trained * count) for m in mask],
+        advantage=rng.uniform(-1, 1),
+        micro_batch=micro_batch,
+    )
+
+
 def fixed_rows(vocab: int, count: int = 6, micro_batches: int = 2) -> list[Row]:
     rng = random.Random(0)
     rows = []
     for i in range(count):
         length = rng.randint(6, 14)
         mask = [0] * 3 + [rng.choice((0, 1, 1)) for _ in range(length - 3)]
-        trained = sum(mask)
-        rows.append(Row(
-            token_ids=[rng.randrange(vocab) for _ in range(length)],
-            mask=mask,
-            old_logprobs=[-rng.uniform(3, 6) if m else 0.0 for m in mask],
-            weights=[m / (trained * count) for m in mask],
-            advantage=rng.uniform(-1, 1),
-            micro_batch=i % micro_batches,
-        ))
+        tokens = [rng.randrange(vocab) for _ in range(length)]
+        rows.append(scored_row(rng, tokens, mask, count, i % micro_batches))
     return rows
 
 
@@ -50,15 +58,8 @@ def grouped_rows(vocab: int, groups: int = 2, size: int = 4, opening: int = 40) 
         for _ in range(size):
             own = rng.randint(6, 14)
             mask = [0] * opening + [rng.choice((0, 1, 1)) for _ in range(own)]
-            trained = sum(mask)
-            rows.append(Row(
-                token_ids=prefix + [rng.randrange(vocab) for _ in range(own)],
-                mask=mask,
-                old_logprobs=[-rng.uniform(3, 6) if m else 0.0 for m in mask],
-                weights=[m / (trained * groups * size) for m in mask],
-                advantage=rng.uniform(-1, 1),
-                micro_batch=g,
-            ))
+            tokens = prefix + [rng.randrange(vocab) for _ in range(own)]
+            rows.append(scored_row(rng, tokens, mask, groups * size, g))
     return rows
 
 
