@@ -34,8 +34,11 @@ lint: install ## ruff over the whole tree, mypy (with the pydantic plugin) over 
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Most tests wait on servers and processes, not on the CPU: two workers, each with its own
+# control plane, moto and operator (tests/conftest.py), finish sooner on 2 cores.
+TEST_WORKERS ?= 2
 test: install tools ## the full test suite against a real kube-apiserver and moto server
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS)
 
 cluster-up: install tools ## start the local control plane in $(CLUSTER_DIR)/ and leave it running
 	$(BIN)/python -m mtrl_testbed --dir $(CLUSTER_DIR) up

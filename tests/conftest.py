@@ -24,13 +24,56 @@ from mtrl_testbed.moto import EXECUTION_ROLE_ARN, MotoServer
 from mtrl_testbed.operator import OperatorProcess
 from mtrl_testbed.ports import free_port, wait_until
 
-ARTIFACTS = Path(os.environ.get("MTRL_TEST_ARTIFACTS", REPO_ROOT / "out" / "test"))
+# Under pytest-xdist (`make test`) each worker process starts its own servers and keeps its
+# logs apart: out/test/gw0, out/test/gw1.
+ARTIFACTS = (Path(os.environ.get("MTRL_TEST_ARTIFACTS", REPO_ROOT / "out" / "test"))
+             / os.environ.get("PYTEST_XDIST_WORKER", ""))
 LOG_TAIL_LINES = 40
 OUTPUT_BUCKET = "mtrl-test-outputs"
 TEST_PRICE = 3600.0  # USD per node-hour the shared operator charges: a dollar a node-second
 
 
 _STARTED = pytest.StashKey[float]()
+# The tests of the real images and of the real kubelet share one Docker engine: one worker
+# runs them all.
+DOCKER_DIRS = ("tests/images/", "tests/kubelet/")
+
+
+# The slowest files, slowest first (seconds each took in a 2-worker run on 2 cores,
+# 2026-12-07). They run first, so that the suite does not end with one worker idle while
+# the other runs one of them; the order of the other files is pytest's.
+SLOW_FIRST = (
+    "tests/images/test_image_contents.py", "tests/images/test_real_images.py",  # with
+    "tests/kubelet/test_e2e.py",  # the kubelet's tests, one scope: 1470 s
+    "tests/operator/test_crash_consistency.py",  # 800
+    "tests/trainer/test_output.py",  # 750
+    "tests/operator/reconcile/test_lifecycle_model.py",  # 430
+    "tests/trainer/test_resume.py",  # 330
+    "tests/operator/test_launchers.py",  # 320
+    "tests/testbed/test_conformance.py",  # 290
+    "tests/trainer/test_learning.py",  # 280
+    "tests/trainer/test_distributed.py", "tests/trainer/test_real_model.py",  # 240
+    "tests/trainer/test_failing_episodes.py",  # 220
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test` deals whole files to its workers, so that a file's module fixtures start
+    once (xdist's `loadfile`), and the Docker engine's tests as one."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "docker" if path.startswith(DOCKER_DIRS) else path
+
+    return FileScheduling(config, log)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -165,12 +208,27 @@ def operator_factory(cluster: LocalCluster, moto_server: MotoServer, aws_env: di
 
 
 @pytest.fixture(scope="session")
-def operator(operator_factory: Callable[..., OperatorProcess]) -> OperatorProcess:
-    """One operator shared by the lifecycle tests (each test uses its own namespace). Request
-    it before `namespace`, so the operator already watches when the namespace appears."""
+def shared_operator(operator_factory: Callable[..., OperatorProcess]) -> OperatorProcess:
     proc = operator_factory(MTRL_OPERATOR_ID="shared", MTRL_NAMESPACES="t-*",
                             MTRL_INSTANCE_PRICES=f"ml.p5.48xlarge={TEST_PRICE}")
+    _wait_healthy(proc)
+    return proc
+
+
+@pytest.fixture
+def operator(shared_operator: OperatorProcess) -> OperatorProcess:
+    """One operator shared by the lifecycle tests (each test uses its own namespace). Request
+    it before `namespace`, so the operator already watches when the namespace appears.
+
+    An operator exits when it loses its Lease (tests/robustness restarts this worker's API
+    server) and its Deployment's kubelet starts it again: so does this fixture, before the
+    next test that needs it."""
+    if not shared_operator.alive:
+        _wait_healthy(shared_operator.start())
+    return shared_operator
+
+
+def _wait_healthy(proc: OperatorProcess) -> None:
     wait_until(lambda: urllib.request.urlopen(
         f"http://127.0.0.1:{proc.health_port}/healthz", timeout=2).status == 200,
         60, "the shared operator's liveness endpoint")
-    return proc
