@@ -34,8 +34,8 @@ lint: install ## ruff over the whole tree, mypy (with the pydantic plugin) over 
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# Most tests wait on servers and processes, not on the CPU: two workers, each with its own
-# control plane, moto and operator (tests/conftest.py), finish sooner on 2 cores.
+# Two workers, each with its own control plane, moto and operator (tests/conftest.py), fill
+# the gaps one process leaves on 2 cores: about 1.25x sooner (BENCHMARKS.md, CI time).
 TEST_WORKERS ?= 2
 test: install tools ## the full test suite against a real kube-apiserver and moto server
 	$(BIN)/pytest -q -n $(TEST_WORKERS)
